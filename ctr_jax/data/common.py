@@ -1,0 +1,73 @@
+"""Helpers shared by the dataset builders, the tokenizer and the pipeline."""
+
+import contextlib
+import glob
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+
+import tensorflow_datasets as tfds
+
+
+def is_validation(key: str, fraction: float) -> bool:
+  """Whether the document `key` belongs to the validation split.
+
+  A stable hash (not Python's salted `hash`) keeps the split identical across runs,
+  machines and Python versions.
+  """
+  digest = hashlib.sha256(key.encode('utf-8')).digest()
+  bucket = int.from_bytes(digest[:8], 'little') / 2.0**64
+  return bucket < fraction
+
+
+def manual_dir_error(path: object, expected: str, source: str) -> ValueError:
+  """A one-line error for a missing or unusable manual download directory."""
+  where = ('config.data.manual_dir is not set' if path is None else
+           f'config.data.manual_dir={str(path)!r} holds no usable input')
+  return ValueError(f'{where}: expected {expected}; download from {source} and point '
+                    'config.data.manual_dir at the directory holding them.')
+
+
+def manual_dir(dl_manager: tfds.download.DownloadManager, expected: str, source: str):
+  """Returns the manual directory of `dl_manager`, or raises a one-line ValueError."""
+  try:
+    return dl_manager.manual_dir
+  except AssertionError as e:
+    # TFDS raises a multi-line AssertionError for a missing or empty directory.
+    path = getattr(dl_manager, '_manual_dir', None)
+    raise manual_dir_error(path, expected, source) from e
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str = 'wb') -> Iterator:
+  """Opens a temporary file beside `path` and moves it onto `path` on success.
+
+  Readers (possibly other processes) therefore never see a half-written cache file.
+  """
+  path = os.fspath(path)
+  directory = os.path.dirname(path) or '.'
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.' + os.path.basename(path) + '.',
+                             suffix='.tmp')
+  try:
+    with os.fdopen(fd, mode) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    # mkstemp creates the file private (0600); caches in a shared data_dir should not be.
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
+def sorted_files(directory: str | os.PathLike, patterns: Sequence[str]) -> list[str]:
+  """Files in `directory` matching any glob in `patterns`, sorted for determinism."""
+  found = set()
+  for pattern in patterns:
+    found.update(p for p in glob.glob(os.path.join(os.fspath(directory), pattern))
+                 if os.path.isfile(p))
+  return sorted(found)

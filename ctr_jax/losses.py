@@ -1,0 +1,36 @@
+"""Language-modelling losses shared by the trainer, the evaluator and the tests."""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def next_token_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array | None = None):
+  """Mean cross-entropy of logits [B, T, V] against targets [B, T]; targets < 0 are ignored.
+
+  Returns (mean loss, number of counted tokens).
+  """
+  valid = targets >= 0
+  if mask is not None:
+    valid &= mask.astype(bool)
+  losses = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), jnp.where(valid, targets, 0))
+  count = jnp.sum(valid)
+  return jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.maximum(count, 1), count
+
+
+def model_loss(model, params, batch, *, k_unroll=None, rng=None, deterministic=True):
+  """Cross-entropy plus the context-ready convergence term; batch: int32 [B, T+1] windows.
+
+  Returns (total loss, metrics dict).
+  """
+  inputs, targets = batch[:, :-1], batch[:, 1:]
+  rngs = {'dropout': rng} if rng is not None else {}
+  logits, aux = model.apply({'params': params}, inputs, k_unroll=k_unroll, return_aux=True,
+                            deterministic=deterministic, rngs=rngs)
+  ce, _ = next_token_loss(logits, targets)
+  total = ce
+  if model.spec.is_context_ready and model.spec.convergence_weight > 0:
+    total = ce + model.spec.convergence_weight * aux['convergence_loss']
+  metrics = {'loss': total, 'ce_loss': ce, 'convergence_loss': aux['convergence_loss']}
+  return total, metrics

@@ -1,0 +1,206 @@
+"""Model configuration: defaults, the size table and validation.
+
+A model config is an `ml_collections.ConfigDict` (so trainer configs can nest it and users can
+override fields from the command line). `build` turns it into a frozen, hashable `ModelSpec`
+that modules hold, which lets `jax.jit` treat a model as a static argument.
+"""
+
+import dataclasses
+import re
+from typing import Any
+
+import ml_collections
+
+KINDS = ('transformer', 'context_ready')
+BLOCKS = ('gpt', 'gemma', 'llama', 'falcon', 'moe')
+CORRECTIONS = ('add', 'token_blind', 'concat', 'none', 'tied')
+INITS = ('torch', 'normal')
+DTYPES = ('float32', 'bfloat16', 'float64', 'float16')
+TRAIN_MODES = ('unroll', 'bptt')
+
+# Paper sizes (reference section 6.2: the ~85M block-FLOP grid; 16 heads everywhere) and a few
+# CPU-sized names. `d` = context-ready unit of D layers, `t` = plain N-layer transformer.
+# Any other `d<D>_c<C>` / `t<N>_c<C>` decodes with 16 heads (or `_h<H>` appended, e.g. d2_c256_h4).
+SIZES = {
+    'd1_c2048': ('context_ready', 1, 2048, 16),
+    'd3_c1408': ('context_ready', 3, 1408, 16),
+    'd5_c1120': ('context_ready', 5, 1120, 16),
+    'd6_c1024': ('context_ready', 6, 1024, 16),
+    'd11_c768': ('context_ready', 11, 768, 16),
+    'd12_c1408': ('context_ready', 12, 1408, 16),
+    't2_c1888': ('transformer', 2, 1888, 16),
+    't4_c1344': ('transformer', 4, 1344, 16),
+    't6_c1088': ('transformer', 6, 1088, 16),
+    't12_c768': ('transformer', 12, 768, 16),
+    't24_c1024': ('transformer', 24, 1024, 16),
+    # CPU sizes used by quickstart configs and benchmarks.
+    'd2_c256': ('context_ready', 2, 256, 4),
+    't4_c256': ('transformer', 4, 256, 4),
+    'd2_c512': ('context_ready', 2, 512, 8),
+    't6_c512': ('transformer', 6, 512, 8),
+}
+_SIZE_PATTERN = re.compile(r'^([dt])(\d+)_c(\d+)(?:_h(\d+))?$')
+
+
+def decode_size(name: str) -> dict[str, Any]:
+  """Maps a size name such as 'd5_c1120' to kind, depth, width and heads."""
+  if name in SIZES:
+    kind, depth, width, heads = SIZES[name]
+  else:
+    match = _SIZE_PATTERN.match(name or '')
+    if not match:
+      raise ValueError(
+          f'model.name={name!r} is not a size name: use one of {sorted(SIZES)} or the pattern '
+          "'d<D>_c<C>' / 't<N>_c<C>' with optional '_h<heads>' (e.g. 'd2_c384_h6').")
+    letter, depth, width, heads = match.groups()
+    kind = 'context_ready' if letter == 'd' else 'transformer'
+    depth, width, heads = int(depth), int(width), int(heads or 16)
+  return dict(kind=kind, depth=depth, width=width, num_heads=heads)
+
+
+def default_model_config() -> ml_collections.ConfigDict:
+  """Every model field with its default; `model_config` overrides these."""
+  c = ml_collections.ConfigDict()
+  c.name = ''                 # size name from SIZES ('' = sizes given explicitly)
+  c.kind = 'context_ready'    # 'transformer' (the paper's "roformer") | 'context_ready'
+  c.block = 'gpt'             # block family: 'gpt' | 'gemma' | 'llama' | 'falcon' | 'moe'
+  c.vocab_size = 32000
+  c.width = 256               # C
+  c.depth = 2                 # D for context_ready, N for transformer
+  c.num_heads = 4             # H
+  c.num_kv_heads = 0          # G; 0 means G = H (multi-head), 1 is multi-query attention
+  c.head_dim = 0              # 0 means C / H
+  c.mlp_ratio = 4             # F = mlp_ratio * C unless mlp_dim is set
+  c.mlp_dim = 0
+  c.max_len = 1024            # longest sequence (decode-state length) the model is built for
+  c.rope_base = 10000.0       # standard RoPE frequency ladder (author's code used integer angles)
+  c.dropout = 0.0             # on the embedding and on each residual branch
+  c.layer_norm_eps = 1e-5
+  c.init = 'torch'            # 'torch': N(0,1) embeddings, U(±1/sqrt(fan_in)) linears (author's
+                              # PyTorch defaults); 'normal': GPT-2 style N(0, 0.02)
+  c.dtype = 'float32'         # compute dtype; 'bfloat16' for mixed precision
+  c.param_dtype = 'float32'
+  c.remat = False             # rematerialise each fixed-point iteration (context_ready)
+  # Context-ready fields (ignored by kind='transformer').
+  c.k_unroll = 5              # K: fixed-point iterations in the parallel forward
+  c.k_min = 0                 # >0: train with K ~ Uniform{k_min..k_unroll} per batch
+  c.convergence_weight = 0.1  # lambda of MSE(e + c^(K), stopgrad(e + c^(K-1)))
+  c.correction = 'add'        # 'add' | 'token_blind' | 'concat' | 'none' | 'tied'
+  c.cumulative = False        # ablation: u^(k) = u^(k-1) + c^(k-1) (breaks streaming exactness)
+  c.train_mode = 'unroll'     # 'unroll' (parallel K-step) | 'bptt' (exact sequential forward)
+  # Block-family fields (used by the non-'gpt' families).
+  c.qk_norm = False
+  c.sliding_window = 0        # 0 = global attention everywhere
+  c.num_experts = 4
+  c.experts_per_token = 2
+  c.tie_embeddings = False
+  return c
+
+
+def model_config(name: str | None = None, **overrides) -> ml_collections.ConfigDict:
+  """A validated model config: defaults, then the size `name`, then `overrides`.
+
+  >>> model_config(kind='context_ready', vocab_size=97, width=64, depth=2, num_heads=4,
+  ...              max_len=64, k_unroll=4)
+  >>> model_config(name='d5_c1120', vocab_size=32000)
+  """
+  cfg = default_model_config()
+  if name:
+    cfg.update(decode_size(name))
+    cfg.name = name
+  unknown = sorted(set(overrides) - set(cfg.keys()))
+  if unknown:
+    raise ValueError(f'model config has no field(s) {unknown}; known fields: {sorted(cfg.keys())}')
+  for key, value in overrides.items():
+    try:
+      cfg[key] = value
+    except TypeError as e:  # ConfigDict refuses type changes, e.g. a string for an int.
+      raise ValueError(f'model.{key}={value!r}: {e}') from None
+  validate(cfg)
+  return cfg
+
+
+def _check(ok: bool, field: str, message: str):
+  if not ok:
+    raise ValueError(f'model.{field}: {message}')
+
+
+def validate(cfg) -> None:
+  """Raises ValueError naming the first bad field; returns None for a valid config."""
+  _check(cfg.kind in KINDS, 'kind', f'got {cfg.kind!r}, allowed {list(KINDS)}')
+  _check(cfg.block in BLOCKS, 'block', f'got {cfg.block!r}, allowed {list(BLOCKS)}')
+  for field in ('vocab_size', 'width', 'depth', 'num_heads', 'max_len', 'mlp_ratio'):
+    _check(int(cfg[field]) >= 1, field, f'must be a positive integer, got {cfg[field]!r}')
+  _check(cfg.width % cfg.num_heads == 0 or cfg.head_dim > 0, 'width',
+         f'width={cfg.width} is not divisible by num_heads={cfg.num_heads}')
+  head_dim = cfg.head_dim or cfg.width // cfg.num_heads
+  _check(head_dim % 2 == 0, 'head_dim', f'RoPE needs an even head dimension, got {head_dim}')
+  kv_heads = cfg.num_kv_heads or cfg.num_heads
+  _check(kv_heads >= 1 and cfg.num_heads % kv_heads == 0, 'num_kv_heads',
+         f'num_heads={cfg.num_heads} must be a multiple of num_kv_heads={kv_heads}')
+  _check(0.0 <= cfg.dropout < 1.0, 'dropout', f'must be in [0, 1), got {cfg.dropout}')
+  _check(cfg.init in INITS, 'init', f'got {cfg.init!r}, allowed {list(INITS)}')
+  _check(cfg.dtype in DTYPES, 'dtype', f'got {cfg.dtype!r}, allowed {list(DTYPES)}')
+  _check(cfg.param_dtype in DTYPES, 'param_dtype',
+         f'got {cfg.param_dtype!r}, allowed {list(DTYPES)}')
+  _check(cfg.k_unroll >= 1, 'k_unroll', f'K must be >= 1, got {cfg.k_unroll}')
+  _check(0 <= cfg.k_min <= cfg.k_unroll, 'k_min',
+         f'must satisfy 0 <= k_min <= k_unroll={cfg.k_unroll} (0 = fixed K), got {cfg.k_min}')
+  _check(cfg.convergence_weight >= 0, 'convergence_weight', 'must be >= 0')
+  _check(cfg.correction in CORRECTIONS, 'correction',
+         f'got {cfg.correction!r}, allowed {list(CORRECTIONS)}')
+  _check(cfg.train_mode in TRAIN_MODES, 'train_mode',
+         f'got {cfg.train_mode!r}, allowed {list(TRAIN_MODES)}')
+  _check(cfg.rope_base > 0, 'rope_base', 'must be > 0')
+  _check(cfg.sliding_window >= 0, 'sliding_window', 'must be >= 0 (0 = global attention)')
+  if cfg.block == 'moe':
+    _check(1 <= cfg.experts_per_token <= cfg.num_experts, 'experts_per_token',
+           f'must be in [1, num_experts={cfg.num_experts}]')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """The frozen, hashable form of a model config that modules carry."""
+  kind: str
+  block: str
+  vocab_size: int
+  width: int
+  depth: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  max_len: int
+  rope_base: float
+  dropout: float
+  layer_norm_eps: float
+  init: str
+  dtype: str
+  param_dtype: str
+  remat: bool
+  k_unroll: int
+  k_min: int
+  convergence_weight: float
+  correction: str
+  cumulative: bool
+  train_mode: str
+  qk_norm: bool
+  sliding_window: int
+  num_experts: int
+  experts_per_token: int
+  tie_embeddings: bool
+  name: str = ''
+
+  @classmethod
+  def from_config(cls, cfg) -> 'ModelSpec':
+    validate(cfg)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = {k: cfg[k] for k in fields if k in cfg}
+    values['num_kv_heads'] = cfg.num_kv_heads or cfg.num_heads
+    values['head_dim'] = cfg.head_dim or cfg.width // cfg.num_heads
+    values['mlp_dim'] = cfg.mlp_dim or cfg.mlp_ratio * cfg.width
+    return cls(**values)
+
+  @property
+  def is_context_ready(self) -> bool:
+    return self.kind == 'context_ready'

@@ -1,0 +1,165 @@
+"""The two language models: the baseline transformer and the context-ready transformer.
+
+One `__call__` serves every mode:
+  model.apply(v, tokens)                          -> logits [B, T, V]        (training / eval)
+  model.apply(v, tokens, return_aux=True)         -> (logits, aux)           (losses, diagnostics)
+  model.apply(v, tokens, decode_state=state)      -> (logits, new_state)     (prefill / step decode)
+`k_unroll` sets K for the context-ready parallel forward and is ignored by the transformer.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ctr_jax.models import layers
+from ctr_jax.models.config import ModelSpec
+from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_right
+
+
+class _LanguageModelBase(nn.Module):
+  """Embedding, final norm and head shared by both kinds."""
+  spec: ModelSpec
+
+  def setup_common(self):
+    s = self.spec
+    self.embed = nn.Embed(s.vocab_size, s.width, embedding_init=layers.embedding_init(s),
+                          dtype=layers.compute_dtype(s), param_dtype=layers.param_dtype(s))
+    self.blocks = layers.BlockStack(s)
+    self.ln_f = layers.layer_norm(s)
+    self.head = layers.dense(s, s.vocab_size, fan_in=s.width)
+    self.drop = nn.Dropout(s.dropout)
+
+  def embed_tokens(self, tokens, deterministic):
+    e = self.embed(tokens)
+    return self.drop(e, deterministic=deterministic)
+
+  def logits(self, z):
+    return self.head(self.ln_f(z)).astype(jnp.float32)
+
+  def init_decode_state(self, batch_size: int, length: int) -> DecodeState:
+    s = self.spec
+    return DecodeState(caches=layers.init_cache(s, batch_size, length),
+                       feedback=jnp.zeros((batch_size, s.width), layers.compute_dtype(s)),
+                       index=jnp.zeros((), jnp.int32))
+
+
+class TransformerLM(_LanguageModelBase):
+  """Token embedding, N pre-LN RoPE blocks, final LayerNorm, untied head with bias."""
+
+  def setup(self):
+    self.setup_common()
+
+  def __call__(self, tokens, *, k_unroll=None, decode_state: DecodeState | None = None,
+               deterministic: bool = True, return_aux: bool = False):
+    del k_unroll  # A transformer has no unroll.
+    t = tokens.shape[1]
+    e = self.embed_tokens(tokens, deterministic)
+    if decode_state is not None:
+      positions = decode_state.index + jnp.arange(t)
+      z, caches = self.blocks(e, positions, decode_state.caches, decode_state.index,
+                              deterministic)
+      new_state = decode_state.replace(caches=caches, index=decode_state.index + t)
+      return self.logits(z), new_state
+    z, _ = self.blocks(e, jnp.arange(t), deterministic=deterministic)
+    logits = self.logits(z)
+    if return_aux:
+      return logits, {'convergence_loss': jnp.zeros((), jnp.float32)}
+    return logits
+
+
+class Correction(nn.Module):
+  """The correction network and its ablations; input: feedback of position t-1 and e_t.
+
+  add         c = CorrFFN(LN_c(z_{t-1} + e_t))      (the paper)
+  token_blind c = CorrFFN(LN_c(z_{t-1}))
+  concat      c = CorrFFN(LN_c([z_{t-1}; e_t]))     (first layer reads 2C: 12C^2, as the author's
+                                                     36C^2-at-D=2 accounting implies)
+  tied        c = FFN_last_block(LN_c(z_{t-1} + e_t))
+  none        c = z_{t-1} - u_{t-1}                 (block delta: weight sharing only, no FFN)
+  """
+  spec: ModelSpec
+
+  def setup(self):
+    kind = self.spec.correction
+    if kind != 'none':
+      self.ln = layers.layer_norm(self.spec)
+    if kind in ('add', 'token_blind', 'concat'):
+      self.ffn = layers.Mlp(self.spec)
+
+  def __call__(self, feedback, e, tied_mlp=None):
+    kind = self.spec.correction
+    if kind == 'none':
+      return feedback
+    if kind == 'token_blind':
+      return self.ffn(self.ln(feedback))
+    if kind == 'concat':
+      return self.ffn(self.ln(jnp.concatenate([feedback, e], axis=-1)))
+    if kind == 'tied':
+      return tied_mlp(self.ln(feedback + e))
+    return self.ffn(self.ln(feedback + e))
+
+
+class ContextReadyLM(_LanguageModelBase):
+  """The context-ready transformer: a D-layer unit fed with e_t + CorrFFN(LN(z_{t-1} + e_t))."""
+
+  def setup(self):
+    self.setup_common()
+    self.correction = Correction(self.spec)
+
+  def correct(self, feedback, e):
+    tied = self.blocks.layers[-1].mlp if self.spec.correction == 'tied' else None
+    return self.correction(feedback, e, tied)
+
+  def feedback(self, z, u):
+    """What position t hands to t+1: z_t (or the block delta for correction='none')."""
+    return z - u if self.spec.correction == 'none' else z
+
+  def __call__(self, tokens, *, k_unroll=None, decode_state: DecodeState | None = None,
+               deterministic: bool = True, return_aux: bool = False):
+    if decode_state is not None:
+      return self._step(tokens, decode_state, deterministic)
+    return self._parallel(tokens, k_unroll or self.spec.k_unroll, deterministic, return_aux)
+
+  def _parallel(self, tokens, k_unroll, deterministic, return_aux):
+    """K fixed-point iterations over all positions: c^(0) = 0, u^(k) = e + c^(k-1)."""
+    e = self.embed_tokens(tokens, deterministic)
+    positions = jnp.arange(tokens.shape[1])
+    cumulative = self.spec.cumulative
+
+    def iteration(mdl, carry):
+      c, u_prev, _ = carry
+      u = (u_prev if cumulative else e) + c
+      z, _ = mdl.blocks(u, positions, deterministic=deterministic)
+      c_next = mdl.correct(shift_right(mdl.feedback(z, u)), e)
+      change = (c_next - c).astype(jnp.float32)
+      stats = {'change_max': jnp.max(jnp.abs(change)),
+               'change_rms': jnp.sqrt(jnp.mean(jnp.square(change)))}
+      return (c_next, u, z), stats
+
+    zeros = jnp.zeros_like(e)
+    (c, u, z), stats = fixed_point_unroll(self, iteration, (zeros, e, zeros), k_unroll,
+                                          remat=self.spec.remat)
+    logits = self.logits(z)
+    if not return_aux:
+      return logits
+    # Convergence term: the block input the next iteration would see vs the last one (detached).
+    u_next = (u if cumulative else e) + c
+    diff = (u_next - jax.lax.stop_gradient(u)).astype(jnp.float32)
+    aux = {'convergence_loss': jnp.mean(jnp.square(diff)),
+           'change_max': stats['change_max'], 'change_rms': stats['change_rms']}
+    return logits, aux
+
+  def _step(self, tokens, state: DecodeState, deterministic):
+    """One exact streaming step for a single new token per sequence: tokens [B, 1]."""
+    if tokens.shape[1] != 1:
+      raise ValueError('the context-ready model decodes one position at a time; use '
+                       'ctr_jax.decode.prefill for a prompt')
+    if self.spec.cumulative:
+      raise ValueError('model.cumulative=True has no exact sequential form (it is the ablation '
+                       'that breaks streaming equivalence); evaluate it in parallel mode')
+    e = self.embed_tokens(tokens, deterministic)
+    u = e + self.correct(state.feedback[:, None].astype(e.dtype), e)
+    z, caches = self.blocks(u, state.index[None], state.caches, state.index, deterministic)
+    new_state = state.replace(caches=caches, feedback=self.feedback(z, u)[:, 0],
+                              index=state.index + 1)
+    return self.logits(z), new_state

@@ -1,0 +1,18 @@
+"""Test set-up: 8 fake CPU devices (for sharding tests) before JAX initialises."""
+
+import os
+
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import jax  # noqa: E402  (must come after XLA_FLAGS)
+import pytest  # noqa: E402
+
+jax.config.update('jax_default_matmul_precision', 'highest')
+# Tests compile many small programs; XLA's optimisation passes would dominate their run time.
+jax.config.update('jax_disable_most_optimizations', True)
+
+
+@pytest.fixture
+def rng():
+  return jax.random.key(0)

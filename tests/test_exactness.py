@@ -1,0 +1,98 @@
+"""The maths of the context-ready transformer: K-unroll vs the exact sequential scan."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ctr_jax import decode, models
+from helpers import max_abs_diff, random_model, random_tokens
+
+
+@pytest.mark.parametrize('depth', [1, 2, 3])
+@pytest.mark.parametrize('seed', [0, 1])
+def test_unroll_with_k_above_length_equals_sequential_scan(depth, seed):
+  cfg, model, variables, tokens = random_model(seed, depth=depth)
+  t = tokens.shape[1]
+  parallel = model.apply(variables, tokens, k_unroll=t + 1)
+  sequential = decode.sequential_logits(model, variables, tokens)
+  assert max_abs_diff(parallel, sequential) <= 1e-4
+
+
+def test_finite_step_exactness_and_shrinking_error():
+  """After K iterations positions t <= K-2 are exact; the remaining error shrinks with K."""
+  _, model, variables, _ = random_model(3, depth=2)
+  tokens = random_tokens(3, model.spec.vocab_size, batch=2, length=12)
+  sequential = np.asarray(decode.sequential_logits(model, variables, tokens))
+  errors = []
+  for k in (1, 2, 4, 8, 13):
+    parallel = np.asarray(model.apply(variables, tokens, k_unroll=k))
+    per_position = np.abs(parallel - sequential).max(axis=(0, 2))
+    assert per_position[:max(k - 1, 0)].max(initial=0.0) <= 1e-4, (k, per_position)
+    if k <= 4:  # the first unresolved position, t = K-1, is one iteration short: the +1 is real.
+      assert per_position[k - 1] > 1e-4, (k, per_position)
+    errors.append(per_position.mean())
+  assert errors[-1] <= 1e-4
+  assert all(later < earlier or later < 1e-5 for earlier, later in zip(errors, errors[1:])), errors
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_bfloat16_unroll_tracks_sequential(seed):
+  _, model, variables, tokens = random_model(seed, depth=2, dtype='bfloat16')
+  t = tokens.shape[1]
+  parallel = model.apply(variables, tokens, k_unroll=t + 1)
+  sequential = decode.sequential_logits(model, variables, tokens)
+  assert parallel.dtype == jnp.float32
+  scale = float(jnp.max(jnp.abs(sequential)))
+  assert max_abs_diff(parallel, sequential) <= 0.05 * scale
+
+
+@pytest.mark.parametrize('kind', ['context_ready', 'transformer'])
+def test_causality_in_both_modes(kind):
+  _, model, variables, tokens = random_model(4, kind=kind, depth=2)
+  tokens = random_tokens(4, model.spec.vocab_size, batch=2, length=8)
+  s = 5
+  changed = tokens.at[:, s].set((tokens[:, s] + 1) % model.spec.vocab_size)
+  for fn in (lambda x: model.apply(variables, x, k_unroll=9),
+             lambda x: decode.sequential_logits(model, variables, x)):
+    a, b = np.asarray(fn(tokens)), np.asarray(fn(changed))
+    assert np.abs(a[:, :s] - b[:, :s]).max() == 0.0
+    assert np.abs(a[:, s:] - b[:, s:]).max() > 0.0
+
+
+@pytest.mark.parametrize('kind', ['context_ready', 'transformer'])
+def test_transformer_and_crt_cached_decode_equals_full_forward(kind):
+  _, model, variables, tokens = random_model(5, kind=kind)
+  full = model.apply(variables, tokens, k_unroll=tokens.shape[1] + 1)
+  assert max_abs_diff(full, decode.sequential_logits(model, variables, tokens)) <= 1e-4
+
+
+def test_transformer_chunked_prefill_matches_full_forward():
+  _, model, variables, tokens = random_model(6, kind='transformer')
+  state = decode.init_decode_state(model, tokens.shape[0], tokens.shape[1] + 2)
+  logits, state = model.apply(variables, tokens, decode_state=state)
+  assert max_abs_diff(logits, model.apply(variables, tokens)) <= 1e-4
+  assert int(state.index) == tokens.shape[1]
+
+
+@pytest.mark.parametrize('kind', ['context_ready', 'transformer'])
+def test_greedy_generate_is_the_argmax_rollout_of_teacher_forcing(kind):
+  _, model, variables, _ = random_model(7, kind=kind, depth=2)
+  prompt = random_tokens(7, model.spec.vocab_size, batch=3, length=4)
+  out = decode.generate(model, variables, prompt, 6, jax.random.key(1), temperature=0.0)
+  assert out.shape == (3, 10)
+  np.testing.assert_array_equal(out[:, :4], prompt)
+  teacher = model.apply(variables, out[:, :-1], k_unroll=out.shape[1] + 1)
+  np.testing.assert_array_equal(np.argmax(teacher[:, 3:], axis=-1), out[:, 4:])
+
+
+def test_sampling_respects_top_k_and_seed():
+  _, model, variables, _ = random_model(8, depth=1)
+  prompt = random_tokens(8, model.spec.vocab_size, batch=4, length=3)
+  a = decode.generate(model, variables, prompt, 5, jax.random.key(2), temperature=1.0, top_k=1)
+  greedy = decode.generate(model, variables, prompt, 5, jax.random.key(3), temperature=0.0)
+  np.testing.assert_array_equal(a, greedy)  # top_k=1 sampling is greedy
+  b = decode.generate(model, variables, prompt, 5, jax.random.key(2), temperature=5.0)
+  c = decode.generate(model, variables, prompt, 5, jax.random.key(2), temperature=5.0)
+  np.testing.assert_array_equal(b, c)
+  assert int(b.max()) < model.spec.vocab_size

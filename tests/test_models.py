@@ -1,0 +1,152 @@
+"""Model construction: sizes, parameter counts, conversion, ablations, config errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ctr_jax import convert, decode, diagnostics, losses, models
+from helpers import max_abs_diff, random_model, random_tokens
+
+PAPER_COUNTS = {  # reference section 1.4, V = 32,000
+    'd5_c1120': 157_094_080, 'd1_c2048': 215_035_136, 'd6_c1024': 149_543_168,
+    't6_c1088': 154_980_608, 't12_c768': 134_240_000,
+}
+
+
+@pytest.mark.parametrize('name', sorted(PAPER_COUNTS))
+def test_parameter_counts_match_the_paper(name):
+  cfg = models.model_config(name=name, vocab_size=32000)
+  model = models.build(cfg)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  assert models.count_params(shapes) == PAPER_COUNTS[name]
+  c, v, d = cfg.width, cfg.vocab_size, cfg.depth
+  formula = 2 * v * c + v + d * (12 * c * c + 13 * c) + (
+      8 * c * c + 5 * c + 4 * c if cfg.kind == 'context_ready' else 2 * c)
+  assert models.count_params(shapes) == formula
+
+
+def test_size_table_and_flop_formula():
+  assert models.decode_size('d5_c1120') == dict(kind='context_ready', depth=5, width=1120,
+                                                num_heads=16)
+  assert models.decode_size('t12_c768')['kind'] == 'transformer'
+  assert models.decode_size('d3_c384_h6') == dict(kind='context_ready', depth=3, width=384,
+                                                  num_heads=6)
+  # Per-token cost quoted by the paper's digests: 121M (D=5 C=1120) and 149M (D=1 C=2048).
+  assert round(models.flops_per_token(models.model_config(name='d5_c1120')) / 1e6) == 121
+  assert round(models.flops_per_token(models.model_config(name='d1_c2048')) / 1e6) == 149
+  c = 1088
+  assert models.flops_per_token(models.model_config(name='t6_c1088')) == 6 * 12 * c * c + 32000 * c
+
+
+def test_public_config_example_has_defaults():
+  cfg = models.model_config(kind='context_ready', vocab_size=97, width=64, depth=2, num_heads=4,
+                            max_len=64, k_unroll=4)
+  assert cfg.block == 'gpt' and cfg.correction == 'add' and cfg.k_unroll == 4
+  tokens = jnp.zeros((2, 8), jnp.int32)
+  model = models.build(cfg)
+  variables = model.init(jax.random.key(0), tokens)
+  assert model.apply(variables, tokens, k_unroll=3).shape == (2, 8, 97)
+
+
+@pytest.mark.parametrize('overrides, field', [
+    (dict(width=66, num_heads=4), 'width'),
+    (dict(k_unroll=0), 'k_unroll'),
+    (dict(k_unroll=3, k_min=4), 'k_min'),
+    (dict(kind='rnn'), 'kind'),
+    (dict(correction='multiply'), 'correction'),
+    (dict(block='mamba'), 'block'),
+    (dict(dtype='int8'), 'dtype'),
+    (dict(num_heads=4, num_kv_heads=3), 'num_kv_heads'),
+    (dict(widht=64), 'widht'),
+])
+def test_bad_configs_raise_value_error_naming_the_field(overrides, field):
+  with pytest.raises(ValueError, match=field):
+    models.model_config(**overrides)
+
+
+def test_unknown_size_name_is_a_clear_error():
+  with pytest.raises(ValueError, match='model.name'):
+    models.model_config(name='huge')
+
+
+@pytest.mark.parametrize('depth', [1, 3])
+def test_zero_initialised_conversion_reproduces_the_transformer(depth):
+  base_cfg, base, base_vars, tokens = random_model(11, kind='transformer', depth=depth)
+  crt_cfg = models.model_config(**{**base_cfg.to_dict(), 'kind': 'context_ready'})
+  crt = models.build(crt_cfg)
+  crt_vars = convert.transformer_to_context_ready(base_vars, crt_cfg)
+  expected = base.apply(base_vars, tokens)
+  for k in (1, 3, tokens.shape[1] + 1):
+    assert max_abs_diff(crt.apply(crt_vars, tokens, k_unroll=k), expected) <= 1e-5
+  assert max_abs_diff(decode.sequential_logits(crt, crt_vars, tokens), expected) <= 1e-5
+  n = crt_cfg.width
+  assert models.count_params(crt_vars) - models.count_params(base_vars) == 8 * n * n + 7 * n
+  # The correction really is trainable: its input layer is random, only the output is zero.
+  assert float(jnp.abs(crt_vars['params']['correction']['ffn']['fc_in']['kernel']).max()) > 0
+
+
+def test_conversion_refuses_mismatched_sizes():
+  base_cfg, _, base_vars, _ = random_model(12, kind='transformer', depth=2)
+  wrong = models.model_config(**{**base_cfg.to_dict(), 'kind': 'context_ready', 'depth': 3})
+  with pytest.raises(ValueError, match='depth'):
+    convert.transformer_to_context_ready(base_vars, wrong)
+
+
+K_INVARIANT = {'add': True, 'token_blind': True, 'concat': True, 'none': True, 'tied': True}
+
+
+@pytest.mark.parametrize('correction, cumulative', [
+    ('add', False), ('token_blind', False), ('concat', False), ('none', False), ('tied', False),
+    ('add', True)])
+def test_ablation_variants_train_and_keep_or_break_k_invariance(correction, cumulative):
+  cfg, model, variables, tokens = random_model(13, depth=2, correction=correction,
+                                               cumulative=cumulative)
+  t = tokens.shape[1]
+  # One optimiser step lowers the loss on the batch.
+  batch = random_tokens(14, cfg.vocab_size, batch=4, length=9)
+  opt = optax.adam(1e-2)
+  params = variables['params']
+  loss_fn = lambda p: losses.model_loss(model, p, batch, k_unroll=3)[0]
+  loss0, grads = jax.value_and_grad(loss_fn)(params)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+  updates, _ = opt.update(grads, opt.init(params), params)
+  assert float(loss_fn(optax.apply_updates(params, updates))) < float(loss0)
+  # K-invariance: once K >= T+1, more iterations change nothing (non-cumulative variants).
+  at_t1 = model.apply(variables, tokens, k_unroll=t + 1)
+  at_t4 = model.apply(variables, tokens, k_unroll=t + 4)
+  if cumulative:
+    assert max_abs_diff(at_t1, at_t4) > 1e-3
+    with pytest.raises(ValueError, match='cumulative'):
+      decode.sequential_logits(model, variables, tokens)
+  else:
+    assert max_abs_diff(at_t1, at_t4) <= 1e-4
+    assert max_abs_diff(at_t1, decode.sequential_logits(model, variables, tokens)) <= 1e-4
+
+
+def test_remat_and_random_depth_give_the_same_function():
+  cfg, model, variables, tokens = random_model(15, depth=2)
+  remat_model = models.build(models.model_config(**{**cfg.to_dict(), 'remat': True}))
+  batch = random_tokens(16, cfg.vocab_size, batch=2, length=7)
+  g1 = jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=4)[0])(variables['params'])
+  g2 = jax.grad(lambda p: losses.model_loss(remat_model, p, batch, k_unroll=4)[0])(
+      variables['params'])
+  assert max(max_abs_diff(a, b) for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2))) < 1e-5
+
+
+def test_unroll_diagnostics_report_contraction():
+  _, model, variables, _ = random_model(17, depth=2)
+  tokens = random_tokens(17, model.spec.vocab_size, batch=2, length=16)
+  report = diagnostics.unroll_diagnostics(model, variables, tokens, k_unroll=6)
+  changes = np.array(report['change_max'])
+  assert changes.shape == (6,) and np.all(changes >= 0)
+  assert 0 < report['contraction_ratio'] < 1
+  assert report['contraction_ratio'] == pytest.approx((changes[-1] / changes[0]) ** (1 / 5))
+  # A zero-initialised correction never changes: the ratio is 0, the bound 0.
+  base_cfg, _, base_vars, _ = random_model(18, kind='transformer', depth=1)
+  crt_cfg = models.model_config(**{**base_cfg.to_dict(), 'kind': 'context_ready'})
+  converted = convert.transformer_to_context_ready(base_vars, crt_cfg)
+  flat = diagnostics.unroll_diagnostics(models.build(crt_cfg), converted,
+                                        random_tokens(18, crt_cfg.vocab_size, 2, 5), k_unroll=4)
+  assert flat['change_max'] == [0.0] * 4 and flat['error_bound'] == 0.0
