@@ -11,6 +11,11 @@ import pytest  # noqa: E402
 jax.config.update('jax_default_matmul_precision', 'highest')
 # Tests compile many small programs; XLA's optimisation passes would dominate their run time.
 jax.config.update('jax_disable_most_optimizations', True)
+# Many tests (and their subprocesses) compile the same small programs: share them on disk.
+CACHE_DIR = os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', '/tmp/ctr_jax_test_xla_cache')
+jax.config.update('jax_compilation_cache_dir', CACHE_DIR)
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
 @pytest.fixture

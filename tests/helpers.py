@@ -26,3 +26,35 @@ def random_tokens(seed, vocab, batch, length):
 
 def max_abs_diff(a, b) -> float:
   return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
+
+
+def tiny_train_config(data_dir: str, **overrides):
+  """A seconds-long training config on the embedded corpus (tests only)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if root not in sys.path:
+    sys.path.insert(0, root)
+  from configs import common  # pylint: disable=g-import-not-at-top
+  c = common.get_base()
+  c.model = models.model_config(kind='context_ready', width=32, depth=1, num_heads=2,
+                                vocab_size=320, max_len=64, k_unroll=3, k_min=0)
+  c.data.data_dir = data_dir
+  c.data.seq_len = 16
+  c.batch_size = 8
+  c.total_steps = 4
+  c.optim.warmup_steps = 1
+  c.optim.lr = 3e-3
+  c.log_every = 1
+  c.eval_every = 2
+  c.eval_batches = 2
+  c.checkpoint_every = 2
+  c.sample.num_tokens = 0
+  c.eval_sequential = False
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c

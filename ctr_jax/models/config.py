@@ -17,6 +17,9 @@ CORRECTIONS = ('add', 'token_blind', 'concat', 'none', 'tied')
 INITS = ('torch', 'normal')
 DTYPES = ('float32', 'bfloat16', 'float64', 'float16')
 TRAIN_MODES = ('unroll', 'bptt')
+POSITIONS = ('rope', 'learned')
+ACTIVATIONS = ('', 'gelu', 'gelu_tanh', 'silu', 'relu')
+LAYER_TYPES = ('sliding_attention', 'full_attention')
 
 # Paper sizes (reference section 6.2: the ~85M block-FLOP grid; 16 heads everywhere) and a few
 # CPU-sized names. `d` = context-ready unit of D layers, `t` = plain N-layer transformer.
@@ -94,6 +97,18 @@ def default_model_config() -> ml_collections.ConfigDict:
   c.num_experts = 4
   c.experts_per_token = 2
   c.tie_embeddings = False
+  # Fields real checkpoints need (see ctr_jax/hf.py); the defaults keep every family as before.
+  c.positions = 'rope'        # 'rope' | 'learned' (GPT-2's absolute position table, max_len rows)
+  c.activation = ''           # '' = family default: gpt 'gelu' (erf), gemma 'gelu_tanh',
+                              # llama/moe 'silu', falcon 'gelu'; or 'relu'
+  c.layer_types = ()          # per layer 'sliding_attention' | 'full_attention' (Gemma 3);
+                              # () = every layer uses `sliding_window` (0 = global)
+  c.rope_local_base = 0.0     # RoPE base of sliding layers (Gemma 3: 10k); 0 = rope_base
+  c.rope_scaling_factor = 1.0  # linear RoPE scaling (positions / factor) of the global layers
+  c.query_pre_attn_scalar = 0.0  # attention scale = this ** -0.5; 0 = head_dim
+  c.embed_scale = 0.0         # embeddings times this; 0 = family default (sqrt(width) for gemma)
+  c.use_bias = False          # biases on the falcon block's dense layers
+  c.parallel_norms = 1        # falcon: 1 LayerNorm feeds attention and MLP, 2 = one each
   return c
 
 
@@ -156,6 +171,30 @@ def validate(cfg) -> None:
   if cfg.block == 'moe':
     _check(1 <= cfg.experts_per_token <= cfg.num_experts, 'experts_per_token',
            f'must be in [1, num_experts={cfg.num_experts}]')
+  _validate_family_fields(cfg)
+
+
+def _validate_family_fields(cfg) -> None:
+  # Configs saved before these fields existed lack them; ModelSpec's defaults apply.
+  defaults = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+  get = lambda field: cfg.get(field, defaults[field])
+  _check(get('positions') in POSITIONS, 'positions',
+         f"got {get('positions')!r}, allowed {list(POSITIONS)}")
+  _check(get('activation') in ACTIVATIONS, 'activation',
+         f"got {get('activation')!r}, allowed {list(ACTIVATIONS)}")
+  layer_types = tuple(get('layer_types'))
+  _check(not layer_types or len(layer_types) == cfg.depth, 'layer_types',
+         f'needs one entry per layer (depth={cfg.depth}), got {len(layer_types)}')
+  _check(all(t in LAYER_TYPES for t in layer_types), 'layer_types',
+         f'entries must be in {list(LAYER_TYPES)}, got {layer_types}')
+  _check(get('rope_local_base') >= 0, 'rope_local_base', 'must be >= 0 (0 = rope_base)')
+  _check(get('rope_scaling_factor') > 0, 'rope_scaling_factor', 'must be > 0')
+  _check(get('query_pre_attn_scalar') >= 0, 'query_pre_attn_scalar',
+         'must be >= 0 (0 = head_dim)')
+  _check(get('embed_scale') >= 0, 'embed_scale', 'must be >= 0 (0 = family default)')
+  _check(get('parallel_norms') in (1, 2), 'parallel_norms', 'must be 1 or 2')
+  _check(get('positions') == 'rope' or cfg.block == 'gpt', 'positions',
+         f"'learned' positions are only wired into the 'gpt' block, got block={cfg.block!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +229,15 @@ class ModelSpec:
   experts_per_token: int
   tie_embeddings: bool
   name: str = ''
+  positions: str = 'rope'
+  activation: str = ''
+  layer_types: tuple = ()
+  rope_local_base: float = 0.0
+  rope_scaling_factor: float = 1.0
+  query_pre_attn_scalar: float = 0.0
+  embed_scale: float = 0.0
+  use_bias: bool = False
+  parallel_norms: int = 1
 
   @classmethod
   def from_config(cls, cfg) -> 'ModelSpec':
@@ -199,6 +247,8 @@ class ModelSpec:
     values['num_kv_heads'] = cfg.num_kv_heads or cfg.num_heads
     values['head_dim'] = cfg.head_dim or cfg.width // cfg.num_heads
     values['mlp_dim'] = cfg.mlp_dim or cfg.mlp_ratio * cfg.width
+    if 'layer_types' in values:
+      values['layer_types'] = tuple(values['layer_types'])
     return cls(**values)
 
   @property

@@ -7,7 +7,9 @@ chunked prefill). Block families are selected by `spec.block`; each family is on
 registered in `BLOCK_FAMILIES`.
 """
 
-from typing import Any
+import functools
+import math
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -66,20 +68,87 @@ def layer_norm(spec: ModelSpec, name: str | None = None) -> nn.LayerNorm:
                       param_dtype=param_dtype(spec), name=name)
 
 
+def accumulation_dtype(dtype):
+  """The dtype reductions run in: float32, or float64 for a float64 model."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+  """N(x) = x / sqrt(mean(x^2) + eps) over the last axis, in at least float32."""
+  x = x.astype(accumulation_dtype(x.dtype))
+  return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm with a learned scale; `offset` is Gemma's storage of the scale as w in (1 + w).
+
+  The two conventions also round differently in low precision, as their reference code does:
+  Gemma multiplies N(x) by (1 + w) in float32 and casts the product, Llama casts N(x) to the
+  compute dtype first and multiplies by w there.
+  """
+  spec: ModelSpec
+  offset: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    init = nn.initializers.zeros if self.offset else nn.initializers.ones
+    scale = self.param('scale', init, (x.shape[-1],), param_dtype(self.spec))
+    dtype = compute_dtype(self.spec)
+    normed = rms_normalize(x, self.spec.layer_norm_eps)
+    if self.offset:
+      return (normed * (1 + scale.astype(normed.dtype))).astype(dtype)
+    return normed.astype(dtype) * scale.astype(dtype)
+
+
+def norm(spec: ModelSpec, name: str | None = None) -> nn.Module:
+  """The family's normalisation layer: LayerNorm (gpt, falcon) or RMSNorm (the others)."""
+  if spec.block in ('gpt', 'falcon'):
+    return layer_norm(spec, name=name)
+  return RMSNorm(spec, offset=spec.block == 'gemma', name=name)
+
+
+ACTIVATIONS: dict[str, Callable] = {
+    'gelu': functools.partial(nn.gelu, approximate=False),
+    'gelu_tanh': functools.partial(nn.gelu, approximate=True),
+    'silu': nn.silu,
+    'relu': nn.relu,
+}
+_DEFAULT_ACTIVATION = {'gpt': 'gelu', 'gemma': 'gelu_tanh', 'llama': 'silu', 'moe': 'silu',
+                       'falcon': 'gelu'}
+
+
+def activation_name(spec: ModelSpec) -> str:
+  """The MLP nonlinearity of the spec's block family ('gelu' is the exact erf form)."""
+  return spec.activation or _DEFAULT_ACTIVATION[spec.block]
+
+
+def embed_scale(spec: ModelSpec) -> float:
+  """Factor on the token embeddings: sqrt(C) for Gemma unless `embed_scale` says otherwise."""
+  if spec.embed_scale:
+    return float(spec.embed_scale)
+  return math.sqrt(spec.width) if spec.block == 'gemma' else 1.0
+
+
 # ------------------------------------------------------------------------------------------------
 # Rotary position embedding.
 # ------------------------------------------------------------------------------------------------
 
 
-def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
-  """Rotates pairs (i, i + Dh/2) of x [B, T, H, Dh] by angle position * base^(-2i/Dh)."""
+def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0) -> jax.Array:
+  """Rotates pairs (i, i + Dh/2) of x [B, T, H, Dh] by angle position * base^(-2i/Dh) / factor.
+
+  `factor` is linear RoPE scaling. Angles are float32 (float64 for a float64 model).
+  """
+  dtype = accumulation_dtype(x.dtype)
   half = x.shape[-1] // 2
-  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2] or [T, Dh/2]
+  inv_freq = base ** (-jnp.arange(half, dtype=dtype) / half)
+  if factor != 1.0:
+    inv_freq = inv_freq / factor
+  angles = positions.astype(dtype)[..., None] * inv_freq  # [B, T, Dh/2] or [T, Dh/2]
   if angles.ndim == 2:
     angles = angles[None]
   sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
-  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  x1, x2 = x[..., :half].astype(dtype), x[..., half:].astype(dtype)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return rotated.astype(x.dtype)
 
@@ -102,20 +171,31 @@ def dot_product_attention(q, k, v, mask, scale: float) -> jax.Array:
   b, tq, h, dh = q.shape
   g = k.shape[2]
   q = q.reshape(b, tq, g, h // g, dh)
-  logits = jnp.einsum('bqgrd,bkgd->bgrqk', q, k, preferred_element_type=jnp.float32) * scale
+  acc = accumulation_dtype(q.dtype)
+  logits = jnp.einsum('bqgrd,bkgd->bgrqk', q, k, preferred_element_type=acc) * scale
   if mask.ndim == 2:
     mask = mask[None]
-  logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
+  logits = jnp.where(mask[:, None, None], logits, jnp.finfo(acc).min)
   weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   out = jnp.einsum('bgrqk,bkgd->bqgrd', weights, v)
   return out.reshape(b, tq, h, dh)
 
 
 class Attention(nn.Module):
-  """Multi-head (or grouped/multi-query) causal self-attention with RoPE."""
+  """Multi-head (or grouped/multi-query) causal self-attention with RoPE.
+
+  Query head h reads key/value head h // (H / G), the grouping of Hugging Face's repeat_kv.
+  `rope_base` 0 means spec.rope_base; `scale` 0 means Dh^-0.5; `qk_norm` 'gemma' or 'llama'
+  normalises each query and key head (RMSNorm over Dh) before the rotation. No rotation at all
+  with spec.positions == 'learned'.
+  """
   spec: ModelSpec
   use_bias: bool = True
   window: int = 0
+  rope_base: float = 0.0
+  rope_factor: float = 1.0
+  qk_norm: str = ''
+  scale: float = 0.0
 
   @nn.compact
   def __call__(self, x, positions, cache: Cache | None = None, cache_index=None):
@@ -128,7 +208,14 @@ class Attention(nn.Module):
     q = q.reshape(b, t, s.num_heads, s.head_dim)
     k = k.reshape(b, t, s.num_kv_heads, s.head_dim)
     v = v.reshape(b, t, s.num_kv_heads, s.head_dim)
-    q, k = rope(q, positions, s.rope_base), rope(k, positions, s.rope_base)
+    if self.qk_norm:
+      gemma_style = self.qk_norm == 'gemma'
+      q = RMSNorm(s, offset=gemma_style, name='q_norm')(q)
+      k = RMSNorm(s, offset=gemma_style, name='k_norm')(k)
+    if s.positions == 'rope':
+      base = self.rope_base or s.rope_base
+      q = rope(q, positions, base, self.rope_factor)
+      k = rope(k, positions, base, self.rope_factor)
     query_pos = jnp.broadcast_to(positions, (b, t))
     if cache is None:
       mask = attention_mask(query_pos, query_pos, self.window)
@@ -143,23 +230,94 @@ class Attention(nn.Module):
       # Slots past the newest token hold zeros; the causal mask already excludes them.
       mask = attention_mask(query_pos, key_pos[None], self.window)
       k, v = k_all.astype(q.dtype), v_all.astype(q.dtype)
-    out = dot_product_attention(q, k, v, mask, s.head_dim ** -0.5)
+    out = dot_product_attention(q, k, v, mask, self.scale or s.head_dim ** -0.5)
     out = out.reshape(b, t, s.num_heads * s.head_dim)
     out = dense(s, c, use_bias=self.use_bias, name='out', fan_in=s.num_heads * s.head_dim)(out)
     return out, new_cache
 
 
 class Mlp(nn.Module):
-  """C -> F -> C feed-forward network with GELU (exact erf form, as torch.nn.GELU)."""
+  """C -> F -> C feed-forward network with GELU (exact erf form, as torch.nn.GELU) by default."""
   spec: ModelSpec
   out_features: int | None = None
+  activation: str = 'gelu'
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
     s = self.spec
-    h = dense(s, s.mlp_dim, name='fc_in', fan_in=x.shape[-1])(x)
-    h = nn.gelu(h, approximate=False)
-    return dense(s, self.out_features or s.width, name='fc_out', fan_in=s.mlp_dim)(h)
+    h = dense(s, s.mlp_dim, use_bias=self.use_bias, name='fc_in', fan_in=x.shape[-1])(x)
+    h = ACTIVATIONS[self.activation](h)
+    return dense(s, self.out_features or s.width, use_bias=self.use_bias, name='fc_out',
+                 fan_in=s.mlp_dim)(h)
+
+
+class GatedMlp(nn.Module):
+  """down(act(gate z) * up z) without biases: GeGLU (Gemma) or SwiGLU (Llama)."""
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, z):
+    s = self.spec
+    gate = dense(s, s.mlp_dim, use_bias=False, name='gate')(z)
+    up = dense(s, s.mlp_dim, use_bias=False, name='up')(z)
+    a = ACTIVATIONS[activation_name(s)](gate) * up
+    return dense(s, s.width, use_bias=False, name='down')(a)
+
+
+def moe_gates(router_logits: jax.Array, k: int) -> jax.Array:
+  """Mixtral routing [.., E] -> [.., E]: softmax, keep the top k, renormalise them to sum 1.
+
+  Unselected experts get an exact zero. The result is float32 (float64 for a float64 model).
+  """
+  probs = jax.nn.softmax(router_logits.astype(accumulation_dtype(router_logits.dtype)), axis=-1)
+  top, index = jax.lax.top_k(probs, k)
+  top = top / jnp.sum(top, axis=-1, keepdims=True)
+  one_hot = jax.nn.one_hot(index, probs.shape[-1], dtype=top.dtype)  # [.., k, E]
+  return jnp.einsum('...k,...ke->...e', top, one_hot)
+
+
+class MoeMlp(nn.Module):
+  """Top-k routed SwiGLU experts (Mixtral): sum_j s_j down_j(act(gate_j z) * up_j z).
+
+  Every expert is evaluated (dense dispatch): exact and simple at the sizes this code targets.
+  Expert kernels are stacked: gate/up [E, C, F], down [E, F, C].
+  """
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, z):
+    s = self.spec
+    e, c, f = s.num_experts, s.width, s.mlp_dim
+    if s.init == 'torch':
+      init = lambda fan_in: _torch_uniform_stacked(fan_in)
+    else:
+      init = lambda fan_in: nn.initializers.normal(0.02)
+    gates = moe_gates(dense(s, e, use_bias=False, name='router')(z), s.experts_per_token)
+    pdt, dtype = param_dtype(s), compute_dtype(s)
+    w_gate = self.param('gate', init(c), (e, c, f), pdt).astype(dtype)
+    w_up = self.param('up', init(c), (e, c, f), pdt).astype(dtype)
+    w_down = self.param('down', init(f), (e, f, c), pdt).astype(dtype)
+    return moe_combine(z.astype(dtype), gates, w_gate, w_up, w_down, activation_name(s))
+
+
+def moe_experts(z, w_gate, w_up, w_down, activation: str):
+  """Every expert's gated hidden a [.., E, F] and output y [.., E, C] for z [.., C]."""
+  a = ACTIVATIONS[activation](jnp.einsum('...c,ecf->...ef', z, w_gate))
+  a = a * jnp.einsum('...c,ecf->...ef', z, w_up)
+  return a, jnp.einsum('...ef,efc->...ec', a, w_down)
+
+
+def moe_combine(z, gates, w_gate, w_up, w_down, activation: str):
+  _, y = moe_experts(z, w_gate, w_up, w_down, activation)
+  return jnp.einsum('...e,...ec->...c', gates.astype(y.dtype), y)
+
+
+def _torch_uniform_stacked(fan_in: int):
+  def init(key, shape, dtype=jnp.float32):
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,12 +328,13 @@ class Mlp(nn.Module):
 class GptBlock(nn.Module):
   """Pre-LN block of the paper's "roformer": h += Attn(LN(h)); h += FFN(LN(h)); with biases."""
   spec: ModelSpec
+  layer_index: int = 0
 
   def setup(self):
     self.ln_attn = layer_norm(self.spec)
     self.attn = Attention(self.spec)
     self.ln_mlp = layer_norm(self.spec)
-    self.mlp = Mlp(self.spec)
+    self.mlp = Mlp(self.spec, activation=activation_name(self.spec))
     self.drop = nn.Dropout(self.spec.dropout)
 
   def __call__(self, x, positions, cache=None, cache_index=None, deterministic=True):
@@ -184,8 +343,149 @@ class GptBlock(nn.Module):
     x = x + self.drop(self.mlp(self.ln_mlp(x)), deterministic=deterministic)
     return x, new_cache
 
+  # The three stages every family exposes (ctr_jax/implicit patches between them):
+  # v = attend(x) is the residual after the attention sub-layer, z = mlp_input(x, v) the
+  # normalised MLP input, and the block output is v + mlp_branch(z).
 
-BLOCK_FAMILIES: dict[str, Any] = {'gpt': GptBlock}
+  def attend(self, x, positions, cache=None, cache_index=None, deterministic=True):
+    a, new_cache = self.attn(self.ln_attn(x), positions, cache, cache_index)
+    return x + self.drop(a, deterministic=deterministic), new_cache
+
+  def mlp_input(self, x, v):
+    del x
+    return self.ln_mlp(v)
+
+  def mlp_branch(self, z):
+    return self.mlp(z)
+
+
+def layer_attention(spec: ModelSpec, layer_index: int, **kwargs) -> Attention:
+  """The attention of layer `layer_index`: window and RoPE base from `spec.layer_types`.
+
+  Sliding layers use `sliding_window` and `rope_local_base` (unscaled); full layers are global
+  and use `rope_base` with linear scaling `rope_scaling_factor`. Without `layer_types` every
+  layer uses `sliding_window` (0 = global) and `rope_base`.
+  """
+  kind = spec.layer_types[layer_index] if spec.layer_types else ''
+  if kind == 'sliding_attention':
+    window, base, factor = spec.sliding_window, spec.rope_local_base or spec.rope_base, 1.0
+  elif kind == 'full_attention':
+    window, base, factor = 0, spec.rope_base, spec.rope_scaling_factor
+  else:
+    window, base, factor = spec.sliding_window, spec.rope_base, spec.rope_scaling_factor
+  return Attention(spec, window=window, rope_base=base, rope_factor=factor, **kwargs)
+
+
+class _FamilyBlock(nn.Module):
+  """Shared `__call__` of the non-gpt families; subclasses define the three stages."""
+  spec: ModelSpec
+  layer_index: int = 0
+
+  def __call__(self, x, positions, cache=None, cache_index=None, deterministic=True):
+    v, new_cache = self.attend(x, positions, cache, cache_index, deterministic)
+    y = self.mlp_branch(self.mlp_input(x, v))
+    return v + self.drop(y, deterministic=deterministic), new_cache
+
+  def attention_scale(self) -> float:
+    s = self.spec
+    return (s.query_pre_attn_scalar or s.head_dim) ** -0.5
+
+
+class GemmaBlock(_FamilyBlock):
+  """Gemma 2/3: RMSNorm (1 + w) before and after attention and MLP, GeGLU-tanh, no biases.
+
+  v = x + PostAttnNorm(Attn(PreAttnNorm(x)));  out = v + PostMlpNorm(Mlp(PreMlpNorm(v))).
+  """
+
+  def setup(self):
+    s = self.spec
+    self.attn_norm = RMSNorm(s, offset=True)
+    self.attn = layer_attention(s, self.layer_index, use_bias=False,
+                                qk_norm='gemma' if s.qk_norm else '',
+                                scale=self.attention_scale())
+    self.post_attn_norm = RMSNorm(s, offset=True)
+    self.mlp_norm = RMSNorm(s, offset=True)
+    self.mlp = GatedMlp(s)
+    self.post_mlp_norm = RMSNorm(s, offset=True)
+    self.drop = nn.Dropout(s.dropout)
+
+  def attend(self, x, positions, cache=None, cache_index=None, deterministic=True):
+    a, new_cache = self.attn(self.attn_norm(x), positions, cache, cache_index)
+    return x + self.drop(self.post_attn_norm(a), deterministic=deterministic), new_cache
+
+  def mlp_input(self, x, v):
+    del x
+    return self.mlp_norm(v)
+
+  def mlp_branch(self, z):
+    return self.post_mlp_norm(self.mlp(z))
+
+
+class LlamaBlock(_FamilyBlock):
+  """Llama/Mistral/Qwen2: pre-RMSNorm only, SwiGLU, no biases (optional QK-norm as Qwen3)."""
+
+  def setup(self):
+    s = self.spec
+    self.attn_norm = RMSNorm(s)
+    self.attn = layer_attention(s, self.layer_index, use_bias=False,
+                                qk_norm='llama' if s.qk_norm else '',
+                                scale=self.attention_scale())
+    self.mlp_norm = RMSNorm(s)
+    self.mlp = self.make_mlp()
+    self.drop = nn.Dropout(s.dropout)
+
+  def make_mlp(self):
+    return GatedMlp(self.spec)
+
+  def attend(self, x, positions, cache=None, cache_index=None, deterministic=True):
+    a, new_cache = self.attn(self.attn_norm(x), positions, cache, cache_index)
+    return x + self.drop(a, deterministic=deterministic), new_cache
+
+  def mlp_input(self, x, v):
+    del x
+    return self.mlp_norm(v)
+
+  def mlp_branch(self, z):
+    return self.mlp(z)
+
+
+class MoeBlock(LlamaBlock):
+  """Mixtral: the Llama block with its MLP replaced by top-k routed SwiGLU experts."""
+
+  def make_mlp(self):
+    return MoeMlp(self.spec)
+
+
+class FalconBlock(_FamilyBlock):
+  """Falcon/GPT-J parallel block: out = x + Attn(LN(x)) + Mlp(LN'(x)); the MLP never sees v.
+
+  LN' is the same LayerNorm (parallel_norms=1, Falcon-7B) or its own (2, Falcon-40B).
+  """
+
+  def setup(self):
+    s = self.spec
+    self.attn_norm = layer_norm(s)
+    if s.parallel_norms == 2:
+      self.mlp_norm = layer_norm(s)
+    self.attn = layer_attention(s, self.layer_index, use_bias=s.use_bias,
+                                scale=self.attention_scale())
+    self.mlp = Mlp(s, activation=activation_name(s), use_bias=s.use_bias)
+    self.drop = nn.Dropout(s.dropout)
+
+  def attend(self, x, positions, cache=None, cache_index=None, deterministic=True):
+    a, new_cache = self.attn(self.attn_norm(x), positions, cache, cache_index)
+    return x + self.drop(a, deterministic=deterministic), new_cache
+
+  def mlp_input(self, x, v):
+    del v
+    return (self.mlp_norm if self.spec.parallel_norms == 2 else self.attn_norm)(x)
+
+  def mlp_branch(self, z):
+    return self.mlp(z)
+
+
+BLOCK_FAMILIES: dict[str, Any] = {'gpt': GptBlock, 'gemma': GemmaBlock, 'llama': LlamaBlock,
+                                  'falcon': FalconBlock, 'moe': MoeBlock}
 
 
 def block_class(spec: ModelSpec):
@@ -201,13 +501,14 @@ class BlockStack(nn.Module):
 
   def setup(self):
     cls = block_class(self.spec)
-    self.layers = [cls(self.spec, name=f'block_{i}') for i in range(self.spec.depth)]
+    self.layers = [cls(self.spec, layer_index=i, name=f'block_{i}')
+                   for i in range(self.spec.depth)]
 
   def __call__(self, x, positions, caches=None, cache_index=None, deterministic=True):
     """x [B, T, C] -> ([B, T, C], per-layer caches or None)."""
     new_caches = []
     for i, layer in enumerate(self.layers):
-      x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+      x = nn.with_logical_constraint(x, ('act_batch', 'act_length', 'act_embed'))
       x, cache = layer(x, positions, None if caches is None else caches[i], cache_index,
                        deterministic)
       new_caches.append(cache)

@@ -17,24 +17,42 @@ from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_rig
 
 
 class _LanguageModelBase(nn.Module):
-  """Embedding, final norm and head shared by both kinds."""
+  """Embedding, final norm and head shared by both kinds.
+
+  The family decides the final norm (LayerNorm for gpt/falcon, RMSNorm otherwise), the head's
+  bias (only the gpt head has one) and the embedding scale (sqrt(C) for gemma);
+  `tie_embeddings` reads the logits off the embedding table instead of a head.
+  """
   spec: ModelSpec
 
   def setup_common(self):
     s = self.spec
     self.embed = nn.Embed(s.vocab_size, s.width, embedding_init=layers.embedding_init(s),
                           dtype=layers.compute_dtype(s), param_dtype=layers.param_dtype(s))
+    if s.positions == 'learned':
+      self.pos_embed = nn.Embed(s.max_len, s.width, embedding_init=layers.embedding_init(s),
+                                dtype=layers.compute_dtype(s), param_dtype=layers.param_dtype(s))
     self.blocks = layers.BlockStack(s)
-    self.ln_f = layers.layer_norm(s)
-    self.head = layers.dense(s, s.vocab_size, fan_in=s.width)
+    self.ln_f = layers.norm(s)
+    if not s.tie_embeddings:
+      self.head = layers.dense(s, s.vocab_size, use_bias=s.block == 'gpt', fan_in=s.width)
     self.drop = nn.Dropout(s.dropout)
 
-  def embed_tokens(self, tokens, deterministic):
+  def embed_tokens(self, tokens, deterministic, positions=None):
+    """Token (and learned position) embeddings; `positions` [T] or [B, T], default 0..T-1."""
     e = self.embed(tokens)
+    scale = layers.embed_scale(self.spec)
+    if scale != 1.0:
+      # Rounded to the compute dtype first, as Gemma's reference code does.
+      e = e * jnp.asarray(scale, e.dtype)
+    if self.spec.positions == 'learned':
+      e = e + self.pos_embed(jnp.arange(tokens.shape[1]) if positions is None else positions)
     return self.drop(e, deterministic=deterministic)
 
   def logits(self, z):
-    return self.head(self.ln_f(z)).astype(jnp.float32)
+    h = self.ln_f(z)
+    out = self.embed.attend(h) if self.spec.tie_embeddings else self.head(h)
+    return out.astype(layers.accumulation_dtype(out.dtype))
 
   def init_decode_state(self, batch_size: int, length: int) -> DecodeState:
     s = self.spec
@@ -50,17 +68,21 @@ class TransformerLM(_LanguageModelBase):
     self.setup_common()
 
   def __call__(self, tokens, *, k_unroll=None, decode_state: DecodeState | None = None,
-               deterministic: bool = True, return_aux: bool = False):
+               deterministic: bool = True, return_aux: bool = False, positions=None):
+    """`positions` ([T] or [B, T], default 0..T-1) runs `tokens` alone at those absolute
+    positions (e.g. a query without its context); decode states bring their own."""
     del k_unroll  # A transformer has no unroll.
     t = tokens.shape[1]
-    e = self.embed_tokens(tokens, deterministic)
     if decode_state is not None:
       positions = decode_state.index + jnp.arange(t)
+      e = self.embed_tokens(tokens, deterministic, positions)
       z, caches = self.blocks(e, positions, decode_state.caches, decode_state.index,
                               deterministic)
       new_state = decode_state.replace(caches=caches, index=decode_state.index + t)
       return self.logits(z), new_state
-    z, _ = self.blocks(e, jnp.arange(t), deterministic=deterministic)
+    positions = jnp.arange(t) if positions is None else positions
+    e = self.embed_tokens(tokens, deterministic, positions)
+    z, _ = self.blocks(e, positions, deterministic=deterministic)
     logits = self.logits(z)
     if return_aux:
       return logits, {'convergence_loss': jnp.zeros((), jnp.float32)}
@@ -85,6 +107,15 @@ class Correction(nn.Module):
       self.ln = layers.layer_norm(self.spec)
     if kind in ('add', 'token_blind', 'concat'):
       self.ffn = layers.Mlp(self.spec)
+
+  def ffn_input(self, feedback, e):
+    """The normalised input of CorrFFN (variants 'add', 'token_blind', 'concat')."""
+    kind = self.spec.correction
+    if kind == 'token_blind':
+      return self.ln(feedback)
+    if kind == 'concat':
+      return self.ln(jnp.concatenate([feedback, e], axis=-1))
+    return self.ln(feedback + e)
 
   def __call__(self, feedback, e, tied_mlp=None):
     kind = self.spec.correction
@@ -157,7 +188,7 @@ class ContextReadyLM(_LanguageModelBase):
     if self.spec.cumulative:
       raise ValueError('model.cumulative=True has no exact sequential form (it is the ablation '
                        'that breaks streaming equivalence); evaluate it in parallel mode')
-    e = self.embed_tokens(tokens, deterministic)
+    e = self.embed_tokens(tokens, deterministic, state.index[None])
     u = e + self.correct(state.feedback[:, None].astype(e.dtype), e)
     z, caches = self.blocks(u, state.index[None], state.caches, state.index, deterministic)
     new_state = state.replace(caches=caches, feedback=self.feedback(z, u)[:, 0],

@@ -1,0 +1,17 @@
+"""Paper model t4_c1344: baseline RoPE transformer ("roformer") of N=4 layers, width C=1344, on OpenWebText.
+
+  python -m ctr_jax.main --config=configs/t4_c1344.py --workdir=$WORKDIR \
+      --config.data.manual_dir=/path/to/openwebtext
+
+Recipe (reference section 6.1): vocabulary 32,000, block 256, batch 64, 100K steps, lr 2e-4,
+16 heads; context-ready models use K = 5 with k_min = 2 and lambda = 0.1.
+A CPU smoke run of the same config in minutes on the embedded corpus:
+
+  python -m ctr_jax.main --config=configs/t4_c1344.py:runlocal --workdir=/tmp/t4_c1344_local
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+  return common.paper_config('t4_c1344', arg)

@@ -1,0 +1,98 @@
+"""Helpers for experiment configs: `file.py:k=v,...` args, validation and the CPU shrink."""
+
+import ast
+import os
+
+import ml_collections
+
+from ctr_jax import models
+
+JOBS = ('train', 'evaluate', 'generate')
+DATASETS = ('kjv_bible', 'openwebtext', 'wikipedia', 'pointer_chasing')
+
+
+def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
+  """Parses 'a=1,b=x,flag' against typed defaults in `spec`; a bare name sets a bool to True.
+
+  >>> parse_arg('runlocal,k=8', runlocal=False, k=5)  # -> {'runlocal': True, 'k': 8}
+  """
+  values = ml_collections.ConfigDict(dict(spec))
+  for item in filter(None, (arg or '').split(',')):
+    key, _, raw = item.partition('=')
+    key = key.strip()
+    if key not in spec:
+      raise ValueError(f'config arg {key!r} is unknown; allowed: {sorted(spec)}')
+    default = spec[key]
+    if not _:
+      if not isinstance(default, bool):
+        raise ValueError(f'config arg {key!r} needs a value ({key}=...)')
+      values[key] = True
+      continue
+    if isinstance(default, bool):
+      values[key] = raw.lower() in ('1', 'true', 'yes', 'on')
+    elif isinstance(default, (int, float)):
+      try:
+        values[key] = type(default)(ast.literal_eval(raw))
+      except (ValueError, SyntaxError):
+        raise ValueError(f'config arg {key}={raw!r} is not a {type(default).__name__}') from None
+    else:
+      values[key] = raw
+  return values
+
+
+def default_data_dir() -> str:
+  return os.path.expanduser(os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
+
+
+def _check(ok, field, message):
+  if not ok:
+    raise ValueError(f'config.{field}: {message}')
+
+
+def validate(config) -> None:
+  """Checks a whole experiment config before anything touches the workdir."""
+  _check(config.job in JOBS, 'job', f'got {config.job!r}, allowed {list(JOBS)}')
+  models.validate(config.model)
+  _check(config.data.name in DATASETS, 'data.name',
+         f'got {config.data.name!r}, allowed {list(DATASETS)}')
+  for field in ('total_steps', 'batch_size', 'log_every', 'eval_every', 'checkpoint_every'):
+    _check(int(config[field]) >= 1, field, f'must be >= 1, got {config[field]!r}')
+  _check(config.data.seq_len >= 1, 'data.seq_len', 'must be >= 1')
+  _check(config.data.seq_len <= config.model.max_len, 'data.seq_len',
+         f'{config.data.seq_len} exceeds model.max_len={config.model.max_len}')
+  _check(config.optim.lr > 0, 'optim.lr', 'must be > 0')
+  _check(0 <= config.optim.warmup_steps, 'optim.warmup_steps', 'must be >= 0')
+  _check(0 <= config.optim.min_lr_ratio <= 1, 'optim.min_lr_ratio', 'must be in [0, 1]')
+  _check(config.optim.grad_clip >= 0, 'optim.grad_clip', 'must be >= 0 (0 = off)')
+  for axis in ('data', 'fsdp', 'tensor'):
+    size = config.mesh[axis]
+    _check(size == -1 or size >= 1, f'mesh.{axis}', f'must be -1 (all remaining) or >= 1')
+  _check([config.mesh[a] for a in ('data', 'fsdp', 'tensor')].count(-1) <= 1, 'mesh',
+         'at most one axis may be -1')
+  _check(config.sample.num_tokens >= 0, 'sample.num_tokens', 'must be >= 0')
+  _check(config.sample.temperature >= 0, 'sample.temperature', 'must be >= 0')
+  if config.model.train_mode == 'bptt':
+    _check(config.model.kind == 'context_ready', 'model.train_mode',
+           "'bptt' needs model.kind='context_ready'")
+
+
+def shrink_for_cpu(config) -> None:
+  """The `:runlocal` arg: a few hundred steps of a small model that runs in minutes on a CPU."""
+  keep = {k: config.model[k] for k in ('kind', 'correction', 'cumulative', 'k_unroll', 'k_min',
+                                       'convergence_weight', 'block', 'train_mode')}
+  config.model = models.model_config(
+      **keep, width=128, depth=min(config.model.depth, 2) if keep['kind'] == 'context_ready'
+      else min(config.model.depth, 4), num_heads=4, vocab_size=2048, max_len=128)
+  config.model.k_unroll = min(config.model.k_unroll, 5)
+  config.model.k_min = min(config.model.k_min, config.model.k_unroll)
+  config.data.name = 'kjv_bible'
+  config.data.seq_len = 64
+  config.batch_size = 16
+  config.total_steps = 200
+  config.optim.warmup_steps = 20
+  config.optim.lr = 1e-3
+  config.log_every = 20
+  config.eval_every = 100
+  config.checkpoint_every = 100
+  config.eval_batches = 4
+  config.sample.num_tokens = 32

@@ -1,0 +1,64 @@
+"""Command-line entry point: python -m ctr_jax.main --config=configs/NAME.py[:arg] --workdir=DIR.
+
+Kept short on purpose: the logic lives in importable libraries (ctr_jax.train) that notebooks and
+tests call directly. The job (train / evaluate / generate) is chosen by `config.job`.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summaries.')
+config_flags.DEFINE_config_file('config', None, 'Experiment config file (get_config(arg)).',
+                                lock_config=True)
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if not any(a.startswith(('--verbosity', '-v')) for a in sys.argv[1:]):
+    logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, grain) drown the progress bar
+  import jax  # pylint: disable=g-import-not-at-top  (after flags: grain workers need them parsed)
+  from ctr_jax import distributed, train  # pylint: disable=g-import-not-at-top
+  try:
+    distributed.maybe_initialize(FLAGS.config.distributed)
+    logging.info('JAX process %d/%d, devices: %s', jax.process_index(), jax.process_count(),
+                 jax.devices())
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except (ValueError, FileNotFoundError, PermissionError, RuntimeError) as e:
+    if os.environ.get('CTR_JAX_TRACEBACK'):
+      raise
+    print(f'ctr_jax: error: {" ".join(str(e).split())}', file=sys.stderr)
+    sys.exit(3 if isinstance(e, RuntimeError) else 2)
+
+
+def parse_flags(argv):
+  """absl flag parsing whose errors (bad config file, arg or override) end as one line."""
+  try:
+    argv = FLAGS(argv)
+    FLAGS.config.job  # pylint: disable=pointless-statement  (a failed config load raises here)
+    return argv
+  except (flags.Error, KeyError, OSError, ValueError, TypeError, AttributeError) as e:
+    print(f'ctr_jax: error: {_one_line(e)}', file=sys.stderr)
+    sys.exit(2)
+
+
+def _one_line(error: BaseException) -> str:
+  error = error.__cause__ or error
+  text = str(error)
+  if isinstance(error, KeyError) and error.args:
+    text = f'unknown config field {error.args[0]}'
+  lines = [l.strip() for l in str(text).splitlines() if l.strip()]
+  if any(l.startswith('Traceback') for l in lines):
+    lines = lines[-1:]  # a config file that raised: its last line is the actual message
+  return ' '.join(l for l in lines if not l.startswith('Pass --helpshort'))
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,281 @@
+"""Training and evaluation: `train_and_evaluate(config, workdir)`, read top to bottom.
+
+Resume order (the first that applies wins):
+  1. the latest checkpoint in `workdir` (a restarted or preempted run continues);
+  2. `config.init_from`: a transformer checkpoint converted to a context-ready model;
+  3. a fresh initialisation from `config.seed`.
+"""
+
+import functools
+import json
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ctr_jax import checkpointing, config_lib, convert, metrics, models, optim, sharding, tasks
+
+
+class UserError(ValueError):
+  """A problem with the user's input: reported as one line, without a traceback."""
+
+
+def k_for_step(model_config, seed: int, step: int) -> int:
+  """K of one training batch: fixed, or ~ Uniform{k_min..K} drawn from (seed, step)."""
+  if model_config.kind != 'context_ready' or model_config.k_min <= 0:
+    return model_config.k_unroll
+  rng = np.random.default_rng([seed, step, 0x4B])
+  return int(rng.integers(model_config.k_min, model_config.k_unroll + 1))
+
+
+def prepare_workdir(config, workdir: str) -> str:
+  """Validates everything that can be checked before a file is written; returns the abs path."""
+  config_lib.validate(config)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f'.write_probe_{os.getpid()}')
+    with open(probe, 'w') as f:
+      f.write('ok')
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f'--workdir={workdir} is not writable: {e.strerror}') from None
+  meta = checkpointing.read_meta(workdir)
+  if meta is not None:
+    saved = meta.get('config', {}).get('model', {})
+    current = json.loads(config.model.to_json())
+    diff = sorted(k for k in set(saved) | set(current)
+                  if k != 'remat' and saved.get(k) != current.get(k))
+    if diff:
+      raise UserError(f'the checkpoint in {workdir} was trained with a different model config '
+                      f'(fields {diff}); use a new --workdir')
+  elif config.job != 'train':
+    raise UserError(f'config.job={config.job!r} needs a checkpoint, but {workdir} has none')
+  return workdir
+
+
+def train_and_evaluate(config, workdir: str, devices=None) -> dict:
+  # ----------------------------------------------------------------------------------------------
+  # Workdir, processes, mesh.
+  # ----------------------------------------------------------------------------------------------
+  workdir = prepare_workdir(config, workdir)
+  process_index, process_count = jax.process_index(), jax.process_count()
+  is_chief = process_index == 0
+  mesh = sharding.make_mesh(config.mesh, devices)
+  rules = tuple(tuple(r) for r in config.sharding_rules)
+  if is_chief:
+    print(f'ctr_jax: {process_count} process(es), mesh {dict(mesh.shape)}, workdir {workdir}',
+          flush=True)
+
+  # ----------------------------------------------------------------------------------------------
+  # Data.
+  # ----------------------------------------------------------------------------------------------
+  task = tasks.make(config, process_index, process_count)
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+
+  def to_global(local_batch):
+    return jax.make_array_from_process_local_data(batch_sharding, np.asarray(local_batch))
+
+  # ----------------------------------------------------------------------------------------------
+  # Model, optimizer and the sharded train state (shapes first: nothing full-size on one device).
+  # ----------------------------------------------------------------------------------------------
+  model = models.build(config.model)
+  tx = optim.make_optimizer(config.optim, config.total_steps)
+  dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
+
+  def init_state(rng):
+    params = model.init(rng, dummy)['params']
+    return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params)}
+
+  abstract_state = jax.eval_shape(init_state, jax.random.key(config.seed))
+  state_shardings = sharding.tree_shardings(abstract_state, mesh, rules)
+  repl = sharding.replicated(mesh)
+
+  # ----------------------------------------------------------------------------------------------
+  # Restore (see the resume order in the module docstring).
+  # ----------------------------------------------------------------------------------------------
+  mngr = checkpointing.manager(workdir, config.keep_checkpoints)
+  latest = mngr.latest_step()
+  with jax.set_mesh(mesh):
+    if latest is not None:
+      state, iter_state, _ = checkpointing.restore(
+          mngr, latest, checkpointing.abstract_with_shardings(abstract_state, state_shardings))
+      if iter_state:
+        task.train_iter.set_state(iter_state)
+      if is_chief:
+        print(f'ctr_jax: resumed from the checkpoint at step {latest}', flush=True)
+    else:
+      state = jax.jit(init_state, out_shardings=state_shardings)(jax.random.key(config.seed))
+      if config.init_from:
+        state = _convert_from(config, state, state_shardings, mesh, rules)
+  num_params = models.count_params(state['params'])
+  if is_chief:
+    metrics.write_json(os.path.join(workdir, 'config.json'), json.loads(config.to_json()))
+
+  # ----------------------------------------------------------------------------------------------
+  # Steps: one jitted train step per K value (random-depth training draws K per batch).
+  # ----------------------------------------------------------------------------------------------
+  deterministic = config.model.dropout == 0
+  base_rng = jax.random.key(config.seed + 1)
+
+  def train_step(state, batch, k_unroll):
+    rng = jax.random.fold_in(base_rng, state['step'])
+    loss_fn = lambda p: task.loss(model, p, batch, k_unroll=k_unroll, rng=rng,
+                                  deterministic=deterministic)
+    (_, step_metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
+    updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    step_metrics = {**step_metrics, 'grad_norm': optax.global_norm(grads),
+                    'param_norm': optax.global_norm(params),
+                    'update_norm': optax.global_norm(updates)}
+    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, step_metrics
+
+  @functools.cache
+  def compiled_step(k_unroll):
+    return jax.jit(functools.partial(train_step, k_unroll=k_unroll),
+                   in_shardings=(state_shardings, batch_sharding),
+                   out_shardings=(state_shardings, repl), donate_argnums=(0,))
+
+  is_crt = config.model.kind == 'context_ready'
+  sequential_eval = is_crt and config.eval_sequential and not config.model.cumulative
+
+  def run_eval(state):
+    with jax.set_mesh(mesh), sharding.activation_rules(rules):
+      return task.evaluate(model, state['params'], to_global=to_global,
+                           sequential=sequential_eval)
+
+  writer = metrics.MetricWriter(workdir, active=is_chief)
+  schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
+  step = int(jax.device_get(state['step']))
+  summary = {'step': step, 'num_params': num_params}
+
+  # ----------------------------------------------------------------------------------------------
+  # Train loop.
+  # ----------------------------------------------------------------------------------------------
+  stop = {'signal': None}
+  previous_handler = None
+  if config.job == 'train':
+    previous_handler = signal.signal(signal.SIGTERM, lambda sig, _: stop.update(signal=sig))
+  tokens_per_step = config.batch_size * config.data.seq_len
+  progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
+  window, window_start, tokens_per_second = [], time.perf_counter(), None
+  try:
+    while config.job == 'train' and step < config.total_steps:
+      batch = to_global(next(task.train_iter))
+      k = k_for_step(config.model, config.seed, step)
+      with jax.set_mesh(mesh), sharding.activation_rules(rules):
+        state, step_metrics = compiled_step(k)(state, batch)
+      step += 1
+      window.append(step_metrics)
+      if step % config.log_every == 0 or step == config.total_steps:
+        host = jax.device_get(window)
+        mean = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+        if not all(np.isfinite(v) for v in mean.values()):
+          raise RuntimeError(f'a training metric became NaN or Inf somewhere within steps '
+                             f'[{step - len(host) + 1}, {step}]: {mean}')
+        elapsed = time.perf_counter() - window_start
+        tokens_per_second = len(host) * tokens_per_step / max(elapsed, 1e-9)
+        writer.write(step, {'train_loss': mean['loss'], 'train_ce': mean['ce_loss'],
+                            'convergence_loss': mean['convergence_loss'],
+                            'grad_norm': mean['grad_norm'], 'param_norm': mean['param_norm'],
+                            'update_norm': mean['update_norm'],
+                            'learning_rate': float(schedule(step - 1)),
+                            'tokens_per_second': tokens_per_second})
+        summary.update(train_loss=mean['loss'], tokens_per_second=tokens_per_second)
+        progress.set_postfix(loss=f"{mean['loss']:.3f}", tok_s=f'{tokens_per_second:,.0f}')
+        window, window_start = [], time.perf_counter()
+      progress.update(1)
+      if step % config.eval_every == 0 and step < config.total_steps:
+        evaluation = run_eval(state)
+        writer.write(step, evaluation)
+        _report(is_chief, step, evaluation, progress)
+        window_start = time.perf_counter()  # evaluation time is not training throughput
+      if step % config.checkpoint_every == 0 or step == config.total_steps:
+        checkpointing.save(mngr, step, state, task.train_iter.get_state(),
+                           _meta(config, step))
+      if stop['signal'] is not None or step == config.exit_at_step:
+        checkpointing.save(mngr, step, state, task.train_iter.get_state(), _meta(config, step))
+        if is_chief:
+          reason = 'SIGTERM' if stop['signal'] else 'config.exit_at_step'
+          print(f'ctr_jax: saved step {step} and stopped ({reason}); rerun to resume', flush=True)
+        summary.update(step=step, interrupted=True)
+        return summary
+  finally:
+    progress.close()
+    if previous_handler is not None:
+      signal.signal(signal.SIGTERM, previous_handler)
+
+  # ----------------------------------------------------------------------------------------------
+  # Final evaluation, a sample, summary.json and curves.png.
+  # ----------------------------------------------------------------------------------------------
+  summary['step'] = step
+  if config.job in ('train', 'evaluate'):
+    evaluation = run_eval(state)
+    writer.write(step, evaluation)
+    _report(is_chief, step, evaluation, progress)
+    summary.update(evaluation)
+  if config.sample.num_tokens > 0 and hasattr(task, 'sample'):
+    with jax.set_mesh(mesh):
+      text = task.sample(model, state['params'], config, jax.random.key(config.seed + 2))
+    summary['sample'] = text
+    writer.write_text(step, 'sample', text)
+    if is_chief:
+      print(f'\n--- sample (step {step}) ---\n{text}\n---', flush=True)
+  writer.close()
+  if is_chief:
+    summary_name = 'summary.json' if config.job != 'generate' else 'generate.json'
+    metrics.write_json(os.path.join(workdir, summary_name), summary)
+    metrics.plot_curves(workdir)
+  return summary
+
+
+def _report(active, step, evaluation, progress):
+  if active:
+    text = ', '.join(f'{k} {v:.4g}' for k, v in evaluation.items() if isinstance(v, float))
+    progress.write(f'ctr_jax: step {step}: {text}')
+
+
+def _meta(config, step: int) -> dict:
+  return {'step': step, 'config': json.loads(config.to_json())}
+
+
+def _progress_bar(active: bool, initial: int, total: int):
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm(total=total, initial=initial, disable=not active, unit='step', dynamic_ncols=True)
+
+
+def _convert_from(config, state, state_shardings, mesh, rules):
+  """Loads a transformer checkpoint and converts it (zero-initialised correction FFN)."""
+  source_meta = checkpointing.read_meta(config.init_from)
+  if source_meta is None:
+    raise UserError(f'config.init_from={config.init_from!r} holds no checkpoint')
+  source_cfg = models.model_config(**source_meta['config']['model'])
+  if source_cfg.kind != 'transformer':
+    raise UserError('config.init_from must point at a transformer run')
+  source_model = models.build(source_cfg)
+  dummy = jnp.zeros((1, 2), jnp.int32)
+  source_tx = optim.make_optimizer(config.optim, config.total_steps)
+
+  def init_source(rng):
+    params = source_model.init(rng, dummy)['params']
+    return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': source_tx.init(params)}
+
+  abstract = jax.eval_shape(init_source, jax.random.key(0))
+  shardings = sharding.tree_shardings(abstract, mesh, rules)
+  source_mngr = checkpointing.manager(config.init_from)
+  source_state, _, _ = checkpointing.restore(
+      source_mngr, source_mngr.latest_step(),
+      checkpointing.abstract_with_shardings(abstract, shardings))
+  try:
+    params = convert.transformer_to_context_ready({'params': source_state['params']},
+                                                  config.model)['params']
+  except ValueError as e:
+    raise UserError(f'config.init_from: {e}') from None
+  params = jax.device_put(params, state_shardings['params'])
+  return {**state, 'params': params,
+          'opt_state': jax.jit(optim.make_optimizer(config.optim, config.total_steps).init,
+                               out_shardings=state_shardings['opt_state'])(params)}

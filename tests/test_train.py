@@ -1,0 +1,219 @@
+"""End-to-end training runs: files, resume, device counts, multi-process, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from ctr_jax import train
+from helpers import tiny_train_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  """The embedded corpus and a 320-token tokenizer, built once per test worker."""
+  path = str(tmp_path_factory.mktemp('data'))
+  from ctr_jax.data import pipeline
+  pipeline.load('kjv_bible', data_dir=path, vocab_size=320)
+  return path
+
+
+def train_losses(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  return {r['step']: r['train_loss'] for r in rows if 'train_loss' in r}
+
+
+def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  full = {'model.k_min': 2, 'eval_sequential': True, 'sample.num_tokens': 4}
+  summary = train.train_and_evaluate(tiny_train_config(data_dir, **full), workdir)
+  for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'tensorboard'):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    written = json.load(f)
+  for key in ('step', 'train_loss', 'val_loss', 'val_ppl', 'val_ppl_sequential',
+              'tokens_per_second', 'num_params'):
+    assert key in written, key
+  assert written['step'] == 4 and summary['num_params'] == written['num_params']
+  # Parallel K=3 on 16-token windows is not exact, but close to the exact scan.
+  assert abs(written['val_ppl'] - written['val_ppl_sequential']) / written['val_ppl'] < 0.05
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
+  evaluated = train.train_and_evaluate(tiny_train_config(data_dir, job='evaluate', **full),
+                                       workdir)
+  assert evaluated['val_loss'] == pytest.approx(written['val_loss'], rel=1e-6)
+  generated = train.train_and_evaluate(tiny_train_config(data_dir, job='generate', **full),
+                                       workdir)
+  assert isinstance(generated['sample'], str) and generated['sample']
+  assert os.path.exists(os.path.join(workdir, 'generate.json'))
+
+
+def test_interrupted_and_resumed_run_reproduces_losses(data_dir, tmp_path):
+  full = str(tmp_path / 'full')
+  train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), full)
+  split = str(tmp_path / 'split')
+  first = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6, exit_at_step=3),
+                                   split)
+  assert first.get('interrupted') and first['step'] == 3
+  train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), split)
+  assert train_losses(split) == train_losses(full)  # bit-for-bit on CPU
+
+
+@pytest.mark.slow
+def test_one_and_eight_devices_give_the_same_losses(data_dir, tmp_path):
+  assert len(jax.devices()) == 8
+  one = str(tmp_path / 'one')
+  train.train_and_evaluate(tiny_train_config(data_dir), one, devices=jax.devices()[:1])
+  eight = str(tmp_path / 'eight')
+  cfg = tiny_train_config(data_dir, **{'mesh.data': 2, 'mesh.fsdp': 2, 'mesh.tensor': 2})
+  train.train_and_evaluate(cfg, eight)
+  a, b = train_losses(one), train_losses(eight)
+  assert a.keys() == b.keys()
+  np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
+  # A checkpoint written on 8 devices resumes on 1.
+  resumed = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), eight,
+                                     devices=jax.devices()[:1])
+  assert resumed['step'] == 6
+
+
+def test_random_depth_draws_are_reproducible():
+  cfg = tiny_train_config('/unused', **{'model.k_min': 2}).model
+  draws = [train.k_for_step(cfg, 0, s) for s in range(200)]
+  assert set(draws) == {2, 3}
+  assert draws == [train.k_for_step(cfg, 0, s) for s in range(200)]
+
+
+def _run_main(args, env_extra=None, timeout=240):
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'JAX_PLATFORMS': 'cpu', **(env_extra or {})}
+  return subprocess.run([sys.executable, '-m', 'ctr_jax.main', *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _tiny_flags(data_dir):
+  return ['--config=configs/quickstart.py', f'--config.data.data_dir={data_dir}',
+          '--config.model.width=32', '--config.model.depth=1', '--config.model.num_heads=2',
+          '--config.model.vocab_size=320', '--config.data.seq_len=16', '--config.batch_size=4',
+          '--config.eval_batches=1', '--config.sample.num_tokens=2']
+
+
+def _snapshot(path):
+  out = {}
+  for base, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(base, name)
+      with open(full, 'rb') as f:
+        out[os.path.relpath(full, path)] = hash(f.read())
+  return out
+
+
+BAD_INPUTS = {
+    'unknown_key': (['--config.modle.width=3'], 'modle'),
+    'invalid_value': (['--config.model.k_unroll=0'], 'k_unroll'),
+    'unknown_dataset': (['--config.data.name=c4'], 'data.name'),
+    'missing_manual_dir': (['--config.data.name=openwebtext',
+                            '--config.data.manual_dir=/nonexistent/owt'], 'manual_dir'),
+    'bad_config_arg': (['--config=configs/quickstart.py:bogus=1'], 'bogus'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_without_traceback(case, data_dir, tmp_path):
+  extra, needle = BAD_INPUTS[case]
+  workdir = tmp_path / 'work'
+  result = _run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', *extra])
+  assert result.returncode != 0
+  assert 'Traceback' not in result.stderr, result.stderr[-2000:]
+  assert needle in result.stderr, result.stderr[-2000:]
+  assert not workdir.exists() or not any(workdir.iterdir())
+
+
+@pytest.mark.slow
+def test_unwritable_workdir_and_incompatible_checkpoint(data_dir, tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('not a directory')
+  result = _run_main([*_tiny_flags(data_dir), f'--workdir={blocker}/sub'])
+  assert result.returncode != 0 and 'Traceback' not in result.stderr
+  assert 'not writable' in result.stderr
+  workdir = tmp_path / 'run'
+  ok = _run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=2',
+                  '--config.checkpoint_every=2'])
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  before = _snapshot(workdir)
+  clash = _run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.model.width=64'])
+  assert clash.returncode != 0 and 'Traceback' not in clash.stderr
+  assert 'different model config' in clash.stderr and 'width' in clash.stderr
+  assert _snapshot(workdir) == before
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1'}
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'ctr_jax.main', *_tiny_flags(data_dir), f'--workdir={workdir}',
+       '--config.total_steps=100000', '--config.log_every=1', '--config.checkpoint_every=100000'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics_file = workdir / 'metrics.jsonl'
+  deadline = time.time() + 180
+  while time.time() < deadline and not (metrics_file.exists() and metrics_file.stat().st_size):
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  assert 'stopped (SIGTERM)' in out
+  steps = [int(d) for d in os.listdir(workdir / 'checkpoints') if d.isdigit()]
+  assert len(steps) == 1 and steps[0] >= 1
+
+
+TWO_PROCESS_DRIVER = r'''
+import json, sys
+sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+import jax
+jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+jax.distributed.initialize(coordinator_address='127.0.0.1:{port}', num_processes=2,
+                           process_id={pid})
+from ctr_jax import train
+from helpers import tiny_train_config
+cfg = tiny_train_config({data_dir!r}, total_steps=3, eval_every=100, checkpoint_every=3)
+cfg.sample.num_tokens = 0
+summary = train.train_and_evaluate(cfg, {workdir!r})
+print('RESULT', json.dumps({{'train_loss': summary['train_loss'], 'val_loss': summary['val_loss'],
+                            'processes': jax.process_count(), 'devices': jax.device_count()}}))
+'''
+
+
+@pytest.mark.slow
+def test_two_processes_train_together_and_agree(data_dir, tmp_path):
+  import portpicker
+  port = portpicker.pick_unused_port()
+  workdir = str(tmp_path / 'shared')
+  procs = []
+  for pid in range(2):
+    code = TWO_PROCESS_DRIVER.format(root=ROOT, tests=os.path.join(ROOT, 'tests'), port=port,
+                                     pid=pid, data_dir=data_dir, workdir=workdir)
+    env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+           'JAX_PLATFORMS': 'cpu'}
+    procs.append(subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+  results = []
+  for proc in procs:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    line = [l for l in out.splitlines() if l.startswith('RESULT')][0]
+    results.append(json.loads(line.split(' ', 1)[1]))
+  assert results[0] == results[1]
+  assert results[0]['processes'] == 2 and results[0]['devices'] == 2
+  # The same global batches on one process with two devices give the same losses.
+  single = train.train_and_evaluate(
+      tiny_train_config(data_dir, total_steps=3, eval_every=100, checkpoint_every=3),
+      str(tmp_path / 'single'), devices=jax.devices()[:2])
+  assert results[0]['train_loss'] == pytest.approx(single['train_loss'], rel=1e-5)
