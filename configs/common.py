@@ -41,6 +41,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval_every = 5000            # the author's evaluation interval
   c.eval_batches = 20            # validation batches per evaluation (0 = the whole split)
   c.eval_sequential = True       # also evaluate a context-ready model with the exact scan
+  c.pointer_eval_examples = 1024  # pointer_chasing: fresh examples in the final evaluation
   c.checkpoint_every = 5000
   c.keep_checkpoints = 3
   c.exit_at_step = -1            # save and exit at this step (time-sliced clusters, tests)
@@ -79,8 +80,8 @@ def paper_config(size: str, arg: str | None, **model_overrides) -> ml_collection
   """
   args = config_lib.parse_arg(arg, runlocal=False)
   c = get_base()
-  c.model = models.model_config(name=size, vocab_size=32000, max_len=1024, k_unroll=5, k_min=2,
-                                convergence_weight=0.1, **model_overrides)
+  fields = dict(vocab_size=32000, max_len=1024, k_unroll=5, k_min=2, convergence_weight=0.1)
+  c.model = models.model_config(name=size, **{**fields, **model_overrides})
   c.data.name = 'openwebtext'
   c.data.seq_len = 256
   c.batch_size = 64

@@ -77,8 +77,10 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   task = tasks.make(config, process_index, process_count)
   batch_sharding = sharding.batch_sharding(mesh, rules)
 
-  def to_global(local_batch):
-    return jax.make_array_from_process_local_data(batch_sharding, np.asarray(local_batch))
+  def to_global(local_batch):  # an array, or a dict of arrays sharing the batch axis
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)),
+        local_batch)
 
   # ----------------------------------------------------------------------------------------------
   # Model, optimizer and the sharded train state (shapes first: nothing full-size on one device).
@@ -140,6 +142,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
                    in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, repl), donate_argnums=(0,))
 
+  run_start = time.perf_counter()
   is_crt = config.model.kind == 'context_ready'
   sequential_eval = is_crt and config.eval_sequential and not config.model.cumulative
 
@@ -191,14 +194,14 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
       progress.update(1)
       if step % config.eval_every == 0 and step < config.total_steps:
         evaluation = run_eval(state)
-        writer.write(step, evaluation)
+        writer.write(step, _scalars(evaluation))
         _report(is_chief, step, evaluation, progress)
         window_start = time.perf_counter()  # evaluation time is not training throughput
-      if step % config.checkpoint_every == 0 or step == config.total_steps:
+      stopping = stop['signal'] is not None or step == config.exit_at_step
+      if stopping or step % config.checkpoint_every == 0 or step == config.total_steps:
         checkpointing.save(mngr, step, state, task.train_iter.get_state(),
                            _meta(config, step))
-      if stop['signal'] is not None or step == config.exit_at_step:
-        checkpointing.save(mngr, step, state, task.train_iter.get_state(), _meta(config, step))
+      if stopping:
         if is_chief:
           reason = 'SIGTERM' if stop['signal'] else 'config.exit_at_step'
           print(f'ctr_jax: saved step {step} and stopped ({reason}); rerun to resume', flush=True)
@@ -213,9 +216,11 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   # Final evaluation, a sample, summary.json and curves.png.
   # ----------------------------------------------------------------------------------------------
   summary['step'] = step
+  summary['wall_time_seconds'] = time.perf_counter() - run_start
+  task.final = True
   if config.job in ('train', 'evaluate'):
     evaluation = run_eval(state)
-    writer.write(step, evaluation)
+    writer.write(step, _scalars(evaluation))
     _report(is_chief, step, evaluation, progress)
     summary.update(evaluation)
   if config.sample.num_tokens > 0 and hasattr(task, 'sample'):
@@ -233,9 +238,21 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   return summary
 
 
+def _scalars(evaluation: dict) -> dict:
+  """Flattens nested evaluation results ({'level_accuracy': {'L0': ..}}) to scalar metrics."""
+  flat = {}
+  for key, value in evaluation.items():
+    if isinstance(value, dict):
+      flat.update({f'{key}/{k}': v for k, v in value.items()})
+    else:
+      flat[key] = value
+  return flat
+
+
 def _report(active, step, evaluation, progress):
   if active:
-    text = ', '.join(f'{k} {v:.4g}' for k, v in evaluation.items() if isinstance(v, float))
+    text = ', '.join(f'{k} {v:.4g}' for k, v in _scalars(evaluation).items()
+                     if isinstance(v, (int, float)))
     progress.write(f'ctr_jax: step {step}: {text}')
 
 

@@ -1,0 +1,278 @@
+"""Pointer chasing: a synthetic task that needs one more lookup per table level.
+
+The reference (section 7) uses it to show a depth separation: an N-layer transformer resolves
+about N levels, a one-layer context-ready model trained with BPTT resolves all of them.
+
+An example has `hops` = H table levels with 8 keys each and 16 values. Level 0 maps each key to a
+random value; level L >= 1 maps its keys onto the keys of level L-1 through a random permutation
+(a bijection, so no two keys collapse onto one chain). Each table is written as entries
+`target = key` in shuffled order and closed by '|'; it is followed by a query section `QUERY key`
+for every key of that level (shuffled) and '|'; the sequence ends with `QUERY key` for one
+top-level key. A key is written after its target, so under causal attention the key position can
+already see what it maps to (the key-first order did not learn in the author's experiments).
+
+Targets are dense: every key token (in tables, query sections and the final query) carries the
+token id of its fully resolved base value; every other position carries -1. The model predicts the
+target AT the key position (logits[t] against targets[t]), not the next token. A level-L key needs
+L index lookups plus one base lookup.
+
+Token ids: PAD=0, QUERY=1, '='=2, '|'=3, then the keys of level 0, 1, ..., H-1 (8 each), then the
+16 values: V = 4 + 8H + 16 (100 for H = 10), T = 42H + 2 (25 table + 17 query tokens per level).
+
+Examples are a pure function of (seed, index): a SplitMix64 hash of the pair seeds each example's
+random numbers, so `sample`, `batch` and `PointerChasingSource` agree with each other, batches are
+generated without a Python loop over examples, and any example can be regenerated on its own.
+Training streams use seeds >= 0; evaluation (`ctr_jax.pointer_eval`) uses `EVAL_SEED` < 0, so the
+two never share an example stream.
+
+`format_example(*sample(2, seed=0))` (a test keeps it current): keys are written `a3` (level 0,
+key 3), `b5` (level 1, key 5), ..., values `v0`..`v15`; `a6=b4` is the entry "b4 points to a6" and
+`:v13` the target at that key (b4 -> a6 -> v13):
+
+  pointer chasing: hops=2, T=86, 33 targets
+  L0 table: v2=a0:v2 v14=a3:v14 v10=a4:v10 v15=a1:v15 v2=a7:v2 v4=a2:v4 v5=a5:v5 v13=a6:v13 |
+  L0 query: ?a6:v13 ?a0:v2 ?a4:v10 ?a7:v2 ?a3:v14 ?a1:v15 ?a2:v4 ?a5:v5 |
+  L1 table: a6=b4:v13 a7=b7:v2 a4=b1:v10 a0=b2:v2 a3=b3:v14 a5=b0:v5 a1=b5:v15 a2=b6:v4 |
+  L1 query: ?b0:v5 ?b1:v10 ?b2:v2 ?b4:v13 ?b7:v2 ?b3:v14 ?b6:v4 ?b5:v15 |
+  final:    ?b0:v5
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+PAD, QUERY, EQUALS, SEP = 0, 1, 2, 3
+NUM_SPECIAL = 4
+NUM_KEYS = 8
+NUM_VALUES = 16
+TABLE_LEN = 3 * NUM_KEYS + 1   # `target = key` entries and '|'
+QUERY_LEN = 2 * NUM_KEYS + 1   # `QUERY key` pairs and '|'
+LEVEL_LEN = TABLE_LEN + QUERY_LEN
+IGNORE = -1                    # target at positions without one
+
+# Section kinds of a target position (see `position_labels`).
+NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY = 0, 1, 2, 3
+
+# Seed of the evaluation stream; negative so that no training seed (>= 0) can produce it.
+EVAL_SEED = -1
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _check_hops(hops: int) -> int:
+  if int(hops) != hops or hops < 1:
+    raise ValueError(f'hops (table levels) must be a positive integer, got {hops!r}')
+  return int(hops)
+
+
+def vocab_size(hops: int) -> int:
+  """4 special tokens, 8 keys per level, 16 values: 100 for hops = 10."""
+  return NUM_SPECIAL + NUM_KEYS * _check_hops(hops) + NUM_VALUES
+
+
+def seq_len(hops: int) -> int:
+  """T = 42 * hops + 2: per level a 25-token table and a 17-token query section, then the query."""
+  return LEVEL_LEN * _check_hops(hops) + 2
+
+
+def key_token(level: int, key):
+  """Token id of key `key` (0..7) of table level `level`."""
+  return NUM_SPECIAL + NUM_KEYS * level + key
+
+
+def value_token(hops: int, value):
+  """Token id of value `value` (0..15)."""
+  return NUM_SPECIAL + NUM_KEYS * hops + value
+
+
+class PositionLabels(NamedTuple):
+  """What each position of a `hops`-level sequence is, identical for every example.
+
+  kind:  int32 [T]: NONE, TABLE_KEY, QUERY_KEY or FINAL_QUERY (the positions with a target).
+  level: int32 [T]: table level of the key at that position (-1 where kind is NONE).
+  """
+  kind: np.ndarray
+  level: np.ndarray
+
+
+def position_labels(hops: int) -> PositionLabels:
+  """Per-position section kinds and levels, for grouping accuracies by level."""
+  hops = _check_hops(hops)
+  kind = np.full(seq_len(hops), NONE, np.int32)
+  level = np.full(seq_len(hops), -1, np.int32)
+  for lvl in range(hops):
+    start = LEVEL_LEN * lvl
+    table_keys = start + 3 * np.arange(NUM_KEYS) + 2
+    query_keys = start + TABLE_LEN + 2 * np.arange(NUM_KEYS) + 1
+    kind[table_keys], kind[query_keys] = TABLE_KEY, QUERY_KEY
+    level[table_keys], level[query_keys] = lvl, lvl
+  kind[-1], level[-1] = FINAL_QUERY, hops - 1
+  return PositionLabels(kind, level)
+
+
+# ------------------------------------------------------------------------------------------------
+# Counter-based randomness: example (seed, index) gets its own SplitMix64 stream, computed for a
+# whole batch at once with uint64 arithmetic (which wraps modulo 2^64, as the hash needs).
+# ------------------------------------------------------------------------------------------------
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+  with np.errstate(over='ignore'):
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def _example_keys(seed: int, indices: np.ndarray) -> np.ndarray:
+  if not -(1 << 63) <= int(seed) < (1 << 63):
+    raise ValueError(f'seed must fit in a signed 64-bit integer, got {seed}')
+  seed_word = np.array([int(seed) & _MASK64], np.uint64)
+  return _splitmix(_splitmix(seed_word) ^ indices.astype(np.uint64))
+
+
+def _uniforms(keys: np.ndarray, count: int) -> np.ndarray:
+  """[B] example keys -> float64 [B, count] uniforms in [0, 1)."""
+  with np.errstate(over='ignore'):
+    states = keys[:, None] + np.arange(count, dtype=np.uint64)[None] * _GOLDEN
+  return (_splitmix(states) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _generate(hops: int, seed: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each."""
+  b, k = len(indices), NUM_KEYS
+  u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1)
+  base_values = np.floor(u[:, :k] * NUM_VALUES).astype(np.int64)          # [B, 8]
+  # Argsort of i.i.d. uniforms is a uniformly random permutation (ties have probability ~2^-53).
+  perms = np.argsort(u[:, k:k * hops].reshape(b, hops - 1, k), axis=-1)   # level L>=1 -> L-1
+  table_order = np.argsort(u[:, k * hops:2 * k * hops].reshape(b, hops, k), axis=-1)
+  query_order = np.argsort(u[:, 2 * k * hops:3 * k * hops].reshape(b, hops, k), axis=-1)
+  final_key = np.floor(u[:, -1] * k).astype(np.int64)
+
+  resolved = [base_values]  # resolved[L][b, key] = base value reached from key of level L
+  for lvl in range(1, hops):
+    resolved.append(np.take_along_axis(resolved[-1], perms[:, lvl - 1], axis=1))
+
+  tokens = np.empty((b, seq_len(hops)), np.int32)
+  targets = np.full((b, seq_len(hops)), IGNORE, np.int32)
+  for lvl in range(hops):
+    start = LEVEL_LEN * lvl
+    keys = table_order[:, lvl]
+    if lvl == 0:
+      pointed = value_token(hops, np.take_along_axis(base_values, keys, axis=1))
+    else:
+      pointed = key_token(lvl - 1, np.take_along_axis(perms[:, lvl - 1], keys, axis=1))
+    entries = tokens[:, start:start + 3 * k].reshape(b, k, 3)
+    entries[..., 0], entries[..., 1], entries[..., 2] = pointed, EQUALS, key_token(lvl, keys)
+    targets[:, start + 2:start + 3 * k:3] = value_token(
+        hops, np.take_along_axis(resolved[lvl], keys, axis=1))
+    tokens[:, start + 3 * k] = SEP
+
+    start += TABLE_LEN
+    keys = query_order[:, lvl]
+    pairs = tokens[:, start:start + 2 * k].reshape(b, k, 2)
+    pairs[..., 0], pairs[..., 1] = QUERY, key_token(lvl, keys)
+    targets[:, start + 1:start + 2 * k:2] = value_token(
+        hops, np.take_along_axis(resolved[lvl], keys, axis=1))
+    tokens[:, start + 2 * k] = SEP
+
+  tokens[:, -2], tokens[:, -1] = QUERY, key_token(hops - 1, final_key)
+  targets[:, -1] = value_token(hops, np.take_along_axis(resolved[-1], final_key[:, None], 1)[:, 0])
+  return tokens, targets
+
+
+def sample(hops: int, seed: int, index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Example `index` of stream `seed`: (tokens, targets), int32 [T] each (targets -1 off keys)."""
+  if index < 0:
+    raise ValueError(f'index must be >= 0, got {index}')
+  tokens, targets = _generate(_check_hops(hops), seed, np.array([index], np.int64))
+  return tokens[0], targets[0]
+
+
+def batch(hops: int, batch_size: int, seed: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Examples start .. start + batch_size - 1 of stream `seed`: int32 [B, T] tokens, targets.
+
+  A trainer can take step s as `batch(hops, B, seed, start=s * B)`: one endless stream, no
+  example repeated, every batch reproducible from (seed, step) alone.
+  """
+  if batch_size < 1 or start < 0:
+    raise ValueError(f'need batch_size >= 1 and start >= 0, got {batch_size} and {start}')
+  indices = np.arange(start, start + batch_size, dtype=np.int64)
+  return _generate(_check_hops(hops), seed, indices)
+
+
+class PointerChasingSource:
+  """A grain random-access source (`grain.MapDataset.source(...)`) of `num_examples` examples.
+
+  Record i is `{'tokens': int32 [T], 'targets': int32 [T]}` = `sample(hops, seed, i)`.
+  """
+
+  def __init__(self, hops: int, num_examples: int, seed: int):
+    self.hops = _check_hops(hops)
+    if num_examples < 1:
+      raise ValueError(f'num_examples must be >= 1, got {num_examples}')
+    self.num_examples = int(num_examples)
+    self.seed = int(seed)
+
+  def __len__(self) -> int:
+    return self.num_examples
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    if not -self.num_examples <= index < self.num_examples:
+      raise IndexError(f'index {index} out of range for {self.num_examples} examples')
+    tokens, targets = sample(self.hops, self.seed, int(index) % self.num_examples)
+    return {'tokens': tokens, 'targets': targets}
+
+  def __repr__(self) -> str:
+    return (f'PointerChasingSource(hops={self.hops}, num_examples={self.num_examples}, '
+            f'seed={self.seed})')
+
+
+# ------------------------------------------------------------------------------------------------
+# Pretty printing.
+# ------------------------------------------------------------------------------------------------
+
+
+def _key_name(level: int, key: int) -> str:
+  if level < 26:
+    return f'{chr(ord("a") + level)}{key}'
+  return f'k{level}.{key}'
+
+
+def token_name(hops: int, token: int) -> str:
+  """A short readable name: 'Q', '=', '|', keys 'a3' (level 0 key 3), 'b5', ..., values 'v7'."""
+  token = int(token)
+  if token < NUM_SPECIAL:
+    return ('PAD', 'Q', '=', '|')[token]
+  if token < value_token(hops, 0):
+    return _key_name(*divmod(token - NUM_SPECIAL, NUM_KEYS))
+  if token < vocab_size(hops):
+    return f'v{token - value_token(hops, 0)}'
+  return f'<{token}>'
+
+
+def format_example(tokens, targets) -> str:
+  """Tables, query sections and the final query of one example, with each key's target."""
+  tokens, targets = np.asarray(tokens), np.asarray(targets)
+  hops, rest = divmod(len(tokens) - 2, LEVEL_LEN)
+  if tokens.ndim != 1 or rest or hops < 1 or targets.shape != tokens.shape:
+    raise ValueError(f'expected one example of length 42 * hops + 2, got shapes {tokens.shape} '
+                     f'and {targets.shape}')
+  name = lambda t: token_name(hops, t)
+  resolved = lambda t: f':{name(targets[t])}' if targets[t] >= 0 else ''
+  lines = [f'pointer chasing: hops={hops}, T={len(tokens)}, {int(np.sum(targets >= 0))} targets']
+  for lvl in range(hops):
+    start = LEVEL_LEN * lvl
+    entries = [f'{name(tokens[i])}{name(tokens[i + 1])}{name(tokens[i + 2])}{resolved(i + 2)}'
+               for i in range(start, start + 3 * NUM_KEYS, 3)]
+    lines.append(f'L{lvl} table: ' + ' '.join(entries + [name(tokens[start + 3 * NUM_KEYS])]))
+    start += TABLE_LEN
+    queries = [f'?{name(tokens[i + 1])}{resolved(i + 1)}' if tokens[i] == QUERY else
+               f'{name(tokens[i])} {name(tokens[i + 1])}'
+               for i in range(start, start + 2 * NUM_KEYS, 2)]
+    lines.append(f'L{lvl} query: ' + ' '.join(queries + [name(tokens[start + 2 * NUM_KEYS])]))
+  lines.append(f'final:    ?{name(tokens[-1])}{resolved(len(tokens) - 1)}')
+  return '\n'.join(lines)

@@ -1,0 +1,205 @@
+"""Pointer chasing: the generator against an independent reader, and the per-level evaluation."""
+
+import grain
+import numpy as np
+import pytest
+
+from ctr_jax import pointer_eval
+from ctr_jax.data import pointer_chasing as pc
+
+
+def read_example(tokens, hops):
+  """Parses one example with plain dicts, knowing only the documented format.
+
+  Returns (tables, expected) where tables[L] maps each level-L key token to the token it points
+  at, and expected[t] is the resolved value token at every key position (None elsewhere).
+  """
+  tokens = [int(t) for t in tokens]
+  first_value = 4 + 8 * hops
+  tables, expected, pos = [], [None] * len(tokens), 0
+
+  def resolve(level, key):
+    for lvl in range(level, -1, -1):
+      key = tables[lvl][key]
+    assert first_value <= key < first_value + 16
+    return key
+
+  for level in range(hops):
+    level_keys = set(range(4 + 8 * level, 12 + 8 * level))
+    table, key_positions = {}, {}
+    for _ in range(8):
+      target, eq, key = tokens[pos:pos + 3]
+      assert eq == 2 and key in level_keys and key not in table
+      table[key], key_positions[key] = target, pos + 2
+      pos += 3
+    assert tokens[pos] == 3
+    pos += 1
+    tables.append(table)
+    for key, key_pos in key_positions.items():
+      expected[key_pos] = resolve(level, key)
+    queried = []
+    for _ in range(8):
+      assert tokens[pos] == 1 and tokens[pos + 1] in level_keys
+      queried.append(tokens[pos + 1])
+      expected[pos + 1] = resolve(level, tokens[pos + 1])
+      pos += 2
+    assert sorted(queried) == sorted(level_keys)
+    assert tokens[pos] == 3
+    pos += 1
+  assert tokens[pos] == 1 and 4 + 8 * (hops - 1) <= tokens[pos + 1] < first_value
+  expected[pos + 1] = resolve(hops - 1, tokens[pos + 1])
+  assert pos + 2 == len(tokens)
+  return tables, expected
+
+
+@pytest.mark.parametrize('hops', [1, 2, 3, 5, 10])
+def test_generator_agrees_with_an_independent_reader(hops):
+  tokens, targets = pc.batch(hops, 100, seed=hops)
+  assert tokens.dtype == targets.dtype == np.int32
+  assert tokens.shape == targets.shape == (100, 42 * hops + 2)
+  final_keys = set()
+  for row_tokens, row_targets in zip(tokens, targets):
+    tables, expected = read_example(row_tokens, hops)
+    np.testing.assert_array_equal(row_targets, [-1 if e is None else e for e in expected])
+    # Index tables are permutations: each lower-level key is pointed at exactly once.
+    for level in range(1, hops):
+      lower_keys = list(range(4 + 8 * (level - 1), 12 + 8 * (level - 1)))
+      assert sorted(tables[level].values()) == lower_keys
+    final_keys.add(int(row_tokens[-1]))
+  assert len(final_keys) == 8  # every top-level key gets queried over 100 examples
+
+
+def test_examples_are_random_across_seeds_and_indices():
+  a, _ = pc.batch(3, 64, seed=0)
+  b, _ = pc.batch(3, 64, seed=1)
+  assert len({row.tobytes() for row in np.concatenate([a, b])}) == 128
+  # Base values look uniform over the 16 values (chance level is 1/16).
+  tokens, _ = pc.batch(1, 2000, seed=7)
+  values = tokens[:, 0:24:3].ravel() - pc.value_token(1, 0)
+  counts = np.bincount(values, minlength=16)
+  assert counts.min() > 0.8 * 1000 and counts.max() < 1.2 * 1000
+
+
+def test_same_seed_same_example_in_every_access_path():
+  tokens, targets = pc.batch(4, 5, seed=11, start=3)
+  again = pc.batch(4, 5, seed=11, start=3)
+  np.testing.assert_array_equal(tokens, again[0])
+  np.testing.assert_array_equal(targets, again[1])
+  longer = pc.batch(4, 10, seed=11)
+  np.testing.assert_array_equal(tokens, longer[0][3:8])
+  single = pc.sample(4, seed=11, index=5)
+  np.testing.assert_array_equal(single[0], tokens[2])
+  np.testing.assert_array_equal(single[1], targets[2])
+  assert not np.array_equal(pc.sample(4, seed=12, index=5)[0], single[0])
+
+
+def test_grain_source():
+  source = pc.PointerChasingSource(hops=2, num_examples=6, seed=3)
+  dataset = grain.MapDataset.source(source)
+  assert len(dataset) == 6
+  record = dataset[4]
+  assert set(record) == {'tokens', 'targets'}
+  np.testing.assert_array_equal(record['tokens'], pc.sample(2, 3, 4)[0])
+  batched = list(dataset.batch(3))
+  np.testing.assert_array_equal(batched[1]['targets'], pc.batch(2, 3, 3, start=3)[1])
+  with pytest.raises(IndexError):
+    source[6]
+
+
+def test_token_layout():
+  assert pc.vocab_size(10) == 100 and pc.seq_len(10) == 422
+  for hops in (1, 2, 7):
+    assert pc.seq_len(hops) == 42 * hops + 2
+    assert pc.vocab_size(hops) == 4 + 8 * hops + 16
+  assert (pc.PAD, pc.QUERY, pc.EQUALS, pc.SEP) == (0, 1, 2, 3)
+  assert pc.key_token(0, 0) == 4 and pc.key_token(9, 7) == 83 and pc.value_token(10, 0) == 84
+  tokens, targets = pc.batch(10, 8, seed=0)
+  assert tokens.min() >= 1 and tokens.max() < 100  # no PAD inside an example
+  assert set(np.unique(targets[targets >= 0])) <= set(range(84, 100))
+  with pytest.raises(ValueError, match='hops'):
+    pc.seq_len(0)
+
+
+@pytest.mark.parametrize('hops', [1, 4])
+def test_position_labels_mark_exactly_the_targets(hops):
+  labels = pc.position_labels(hops)
+  tokens, targets = pc.batch(hops, 16, seed=2)
+  has_target = targets >= 0
+  assert np.all(has_target == (labels.kind != pc.NONE)[None])
+  # Every labelled position holds a key of the labelled level.
+  key_levels = (tokens - 4) // 8
+  assert np.all(key_levels[:, has_target[0]] == labels.level[has_target[0]][None])
+  counts = np.bincount(labels.kind, minlength=4)
+  assert counts[pc.TABLE_KEY] == counts[pc.QUERY_KEY] == 8 * hops and counts[pc.FINAL_QUERY] == 1
+  assert labels.level[-1] == hops - 1
+
+
+def test_format_example_matches_the_module_docstring():
+  text = pc.format_example(*pc.sample(2, seed=0))
+  assert '\n'.join('  ' + line for line in text.splitlines()) in pc.__doc__
+  assert text.splitlines()[1].startswith('L0 table: ') and text.splitlines()[-1].startswith(
+      'final:')
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation.
+# ------------------------------------------------------------------------------------------------
+
+
+def reader_predictor(hops, max_level):
+  """Predicts the reader's answer for keys of levels <= max_level, PAD elsewhere."""
+  def predict(tokens):
+    out = np.zeros_like(tokens)
+    for i, row in enumerate(tokens):
+      _, expected = read_example(row, hops)
+      for t, value in enumerate(expected):
+        if value is not None and (int(row[t]) - 4) // 8 <= max_level:
+          out[i, t] = value
+    return out
+  return predict
+
+
+def test_evaluate_groups_positions_by_level():
+  hops = 3
+  perfect = pointer_eval.evaluate(reader_predictor(hops, hops - 1), hops, num_examples=40,
+                                  batch_size=16)
+  assert perfect['level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 1.0}
+  assert perfect['final_query_accuracy'] == perfect['table_key_accuracy'] == 1.0
+  assert pointer_eval.levels_solved(perfect['level_accuracy']) == 3
+
+  two_levels = pointer_eval.evaluate(reader_predictor(hops, 1), hops, num_examples=40,
+                                     batch_size=16)
+  assert two_levels['level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 0.0}
+  assert two_levels['final_query_accuracy'] == 0.0
+  assert two_levels['table_level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 0.0}
+  assert two_levels['table_key_accuracy'] == pytest.approx(2 / 3)
+  assert pointer_eval.levels_solved(two_levels['level_accuracy']) == 2
+  assert pointer_eval.levels_solved({'L0': 0.95, 'L1': 0.9}, threshold=0.9) == 1
+
+
+def test_evaluate_accepts_logits_and_uses_a_held_out_stream():
+  hops, vocab = 2, pc.vocab_size(2)
+  seen = []
+
+  def uniform_logits(tokens):
+    seen.append(tokens.copy())
+    return np.zeros(tokens.shape + (vocab,), np.float32)  # argmax = PAD everywhere
+
+  metrics = pointer_eval.evaluate(uniform_logits, hops, num_examples=10, batch_size=4)
+  assert metrics['level_accuracy'] == {'L0': 0.0, 'L1': 0.0}
+  assert metrics['num_examples'] == 10
+  assert [len(b) for b in seen] == [4, 4, 4]  # padded to full batches
+  evaluated = np.concatenate(seen)[:10]
+  np.testing.assert_array_equal(evaluated, pc.batch(hops, 10, pc.EVAL_SEED)[0])
+  training = {row.tobytes() for row in pc.batch(hops, 256, seed=0)[0]}
+  assert not training & {row.tobytes() for row in evaluated}
+
+
+def test_loss_on_targets_scores_the_key_positions_themselves():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
+  targets = np.array([[-1, 3, -1, 6, -1], [0, -1, -1, -1, 2]])
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  picked = [log_probs[b, t, targets[b, t]] for b, t in zip(*np.nonzero(targets >= 0))]
+  assert float(pointer_eval.loss_on_targets(logits, targets)) == pytest.approx(-np.mean(picked),
+                                                                              rel=1e-5)
