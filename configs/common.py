@@ -13,7 +13,8 @@ from ctr_jax import models
 
 def get_base() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.job = 'train'                # 'train' (train and evaluate) | 'evaluate' | 'generate'
+  c.job = 'train'                # 'train' (train and evaluate) | 'evaluate' | 'generate' |
+                                 # 'prepare' (only build the dataset, tokenizer and token cache)
   c.seed = 0
   c.model = models.model_config()  # see ctr_jax/models/config.py for the model fields
 

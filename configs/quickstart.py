@@ -17,10 +17,10 @@ def get_config(arg=None):
   args = config_lib.parse_arg(arg, transformer=False)
   c = common.get_base()
   if args.transformer:
-    c.model = models.model_config(kind='transformer', width=192, depth=4, num_heads=4,
+    c.model = models.model_config(kind='transformer', width=128, depth=4, num_heads=4,
                                   vocab_size=4096, max_len=256)
   else:
-    c.model = models.model_config(kind='context_ready', width=192, depth=2, num_heads=4,
+    c.model = models.model_config(kind='context_ready', width=128, depth=2, num_heads=4,
                                   vocab_size=4096, max_len=256, k_unroll=4, k_min=2,
                                   convergence_weight=0.1)
   c.data.name = 'kjv_bible'

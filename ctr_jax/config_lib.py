@@ -7,7 +7,7 @@ import ml_collections
 
 from ctr_jax import models
 
-JOBS = ('train', 'evaluate', 'generate')
+JOBS = ('train', 'evaluate', 'generate', 'prepare')
 DATASETS = ('kjv_bible', 'openwebtext', 'wikipedia', 'pointer_chasing')
 
 

@@ -53,7 +53,7 @@ def prepare_workdir(config, workdir: str) -> str:
     if diff:
       raise UserError(f'the checkpoint in {workdir} was trained with a different model config '
                       f'(fields {diff}); use a new --workdir')
-  elif config.job != 'train':
+  elif config.job not in ('train', 'prepare'):
     raise UserError(f'config.job={config.job!r} needs a checkpoint, but {workdir} has none')
   return workdir
 
@@ -75,6 +75,8 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   # Data.
   # ----------------------------------------------------------------------------------------------
   task = tasks.make(config, process_index, process_count)
+  if config.job == 'prepare':  # dataset, tokenizer and token caches are built: nothing else
+    return {'step': 0, 'prepared': config.data.name}
   batch_sharding = sharding.batch_sharding(mesh, rules)
 
   def to_global(local_batch):  # an array, or a dict of arrays sharing the batch axis

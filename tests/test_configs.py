@@ -72,3 +72,25 @@ def test_config_args_are_checked():
     module.get_config('model=rnn')
   with pytest.raises(ValueError, match='unknown'):
     module.get_config('hop=2')
+
+
+def test_paper_sweeps_name_real_configs_and_fields():
+  sys_path_root = ROOT
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(sys_path_root, 'scripts'))
+  import print_sweep  # pylint: disable=g-import-not-at-top
+  sweeps = load(os.path.join(ROOT, 'configs', 'paper_sweeps.py')).SWEEPS
+  for sweep in sweeps:
+    commands = print_sweep.sweep_commands(os.path.join(ROOT, 'configs', 'paper_sweeps.py'),
+                                          sweep, '/w')
+    assert commands
+    for command in commands:
+      target = command.split('--config=configs/')[1].split()[0].split(':')[0]
+      config = load(os.path.join(ROOT, 'configs', target)).get_config()
+      for flag in command.split()[5:]:
+        key, value = flag[len('--config.'):].split('=')
+        node = config
+        for part in key.split('.')[:-1]:
+          node = node[part]
+        node[key.split('.')[-1]] = type(node[key.split('.')[-1]])(value)
+      config_lib.validate(config)
