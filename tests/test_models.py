@@ -108,8 +108,8 @@ def test_ablation_variants_train_and_keep_or_break_k_invariance(correction, cumu
   batch = random_tokens(14, cfg.vocab_size, batch=4, length=9)
   opt = optax.adam(1e-2)
   params = variables['params']
-  loss_fn = lambda p: losses.model_loss(model, p, batch, k_unroll=3)[0]
-  loss0, grads = jax.value_and_grad(loss_fn)(params)
+  loss_fn = jax.jit(lambda p: losses.model_loss(model, p, batch, k_unroll=3)[0])
+  loss0, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
   updates, _ = opt.update(grads, opt.init(params), params)
   assert float(loss_fn(optax.apply_updates(params, updates))) < float(loss0)

@@ -71,3 +71,44 @@ def sorted_files(directory: str | os.PathLike, patterns: Sequence[str]) -> list[
     found.update(p for p in glob.glob(os.path.join(os.fspath(directory), pattern))
                  if os.path.isfile(p))
   return sorted(found)
+
+
+class ManualTextBuilder(tfds.core.GeneratorBasedBuilder):
+  """A text corpus read from `manual_dir`, split into train/validation by a hash of each key.
+
+  Subclasses set `name`, `DESCRIPTION`, `EXPECTED` (what manual_dir must hold), `SOURCE` (where
+  to get it), `VALIDATION_FRACTION`, `find_inputs` (fails early with a clear message) and
+  `documents(path, validation)` yielding (key, text) pairs of one split.
+  """
+
+  # TFDS's default lookup of the builder's file imports the `importlib_resources` backport,
+  # which is not installed on Python >= 3.9; subclasses set `code_path = epath.Path(__file__)`.
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  DESCRIPTION = ''
+  EXPECTED = ''
+  SOURCE = ''
+  VALIDATION_FRACTION = 0.005
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=self.DESCRIPTION,
+        features=tfds.features.FeaturesDict({
+            'title': tfds.features.Text(),
+            'text': tfds.features.Text(),
+        }),
+        homepage=self.SOURCE,
+    )
+
+  def _split_generators(self, dl_manager):
+    path = manual_dir(dl_manager, self.EXPECTED, self.SOURCE)
+    type(self).find_inputs(path)  # Fail here, with a clear message, rather than mid-generation.
+    return {
+        'train': self._generate_examples(path, validation=False),
+        'validation': self._generate_examples(path, validation=True),
+    }
+
+  def _generate_examples(self, path, validation: bool):
+    for key, text in self.documents(path, validation):
+      yield key, {'title': key, 'text': text}

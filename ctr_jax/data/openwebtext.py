@@ -19,7 +19,6 @@ import tarfile
 from collections.abc import Iterator
 
 from etils import epath
-import tensorflow_datasets as tfds
 
 from ctr_jax.data import common
 
@@ -92,37 +91,17 @@ def iter_documents(manual_dir: str | os.PathLike) -> Iterator[tuple[str, str]]:
         yield name, _decode(f.read())
 
 
-class CtrOpenWebText(tfds.core.GeneratorBasedBuilder):
+class CtrOpenWebText(common.ManualTextBuilder):
   """OpenWebText (Gokaslan & Cohen, 2019) from a manually downloaded archive."""
 
   name = 'ctr_openwebtext'
-  # TFDS's default lookup of this file imports the `importlib_resources` backport, which
-  # is not installed on Python >= 3.9; the answer is known anyway.
   code_path = epath.Path(__file__)
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  DESCRIPTION = 'OpenWebText: web pages linked from Reddit posts with score >= 3.'
+  EXPECTED, SOURCE, VALIDATION_FRACTION = EXPECTED, SOURCE, VALIDATION_FRACTION
   MANUAL_DOWNLOAD_INSTRUCTIONS = f'Put {EXPECTED} into manual_dir; get them from {SOURCE}.'
+  find_inputs = staticmethod(find_inputs)
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description='OpenWebText: web pages linked from Reddit posts with score >= 3.',
-        features=tfds.features.FeaturesDict({
-            'title': tfds.features.Text(),
-            'text': tfds.features.Text(),
-        }),
-        homepage=SOURCE,
-    )
-
-  def _split_generators(self, dl_manager):
-    path = common.manual_dir(dl_manager, EXPECTED, SOURCE)
-    find_inputs(path)  # Fail here, with a clear message, rather than mid-generation.
-    return {
-        'train': self._generate_examples(path, validation=False),
-        'validation': self._generate_examples(path, validation=True),
-    }
-
-  def _generate_examples(self, path, validation: bool):
+  def documents(self, path, validation: bool):
     for name, text in iter_documents(path):
       if text and common.is_validation(name, VALIDATION_FRACTION) == validation:
-        yield name, {'title': name, 'text': text}
+        yield name, text

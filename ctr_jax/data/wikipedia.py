@@ -17,7 +17,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 
 from etils import epath
-import tensorflow_datasets as tfds
 
 from ctr_jax.data import common
 
@@ -198,41 +197,21 @@ def iter_articles(manual_dir: str | os.PathLike) -> Iterator[tuple[str, str]]:
       yield title, text
 
 
-class CtrWikipedia(tfds.core.GeneratorBasedBuilder):
+class CtrWikipedia(common.ManualTextBuilder):
   """English Wikipedia articles from a manually downloaded XML dump."""
 
   name = 'ctr_wikipedia'
-  # TFDS's default lookup of this file imports the `importlib_resources` backport, which
-  # is not installed on Python >= 3.9; the answer is known anyway.
   code_path = epath.Path(__file__)
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  DESCRIPTION = 'English Wikipedia articles, wikitext markup stripped.'
+  EXPECTED, SOURCE, VALIDATION_FRACTION = EXPECTED, SOURCE, VALIDATION_FRACTION
   MANUAL_DOWNLOAD_INSTRUCTIONS = f'Put {EXPECTED} into manual_dir; get it from {SOURCE}.'
+  find_inputs = staticmethod(find_inputs)
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description='English Wikipedia articles, wikitext markup stripped.',
-        features=tfds.features.FeaturesDict({
-            'title': tfds.features.Text(),
-            'text': tfds.features.Text(),
-        }),
-        homepage=SOURCE,
-    )
-
-  def _split_generators(self, dl_manager):
-    path = common.manual_dir(dl_manager, EXPECTED, SOURCE)
-    find_inputs(path)  # Fail here, with a clear message, rather than mid-generation.
-    return {
-        'train': self._generate_examples(path, validation=False),
-        'validation': self._generate_examples(path, validation=True),
-    }
-
-  def _generate_examples(self, path, validation: bool):
+  def documents(self, path, validation: bool):
     for title, wikitext in iter_articles(path):
       # Only the hash is needed to route a page; clean just the ones this split keeps.
       if common.is_validation(title, VALIDATION_FRACTION) != validation:
         continue
       text = clean_wikitext(wikitext)
       if text:
-        yield title, {'title': title, 'text': text}
+        yield title, text
