@@ -234,7 +234,8 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
       print(f'\n--- sample (step {step}) ---\n{text}\n---', flush=True)
   writer.close()
   if is_chief:
-    summary_name = 'summary.json' if config.job != 'generate' else 'generate.json'
+    # Only training writes summary.json; evaluate / generate jobs leave it intact.
+    summary_name = {'train': 'summary.json'}.get(config.job, f'{config.job}.json')
     metrics.write_json(os.path.join(workdir, summary_name), summary)
     metrics.plot_curves(workdir)
   return summary

@@ -50,6 +50,9 @@ def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
   evaluated = train.train_and_evaluate(tiny_train_config(data_dir, job='evaluate', **full),
                                        workdir)
   assert evaluated['val_loss'] == pytest.approx(written['val_loss'], rel=1e-6)
+  assert os.path.exists(os.path.join(workdir, 'evaluate.json'))
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    assert json.load(f) == written  # the training summary is left alone
   generated = train.train_and_evaluate(tiny_train_config(data_dir, job='generate', **full),
                                        workdir)
   assert isinstance(generated['sample'], str) and generated['sample']
