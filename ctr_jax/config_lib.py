@@ -66,7 +66,7 @@ def validate(config) -> None:
   _check(config.optim.grad_clip >= 0, 'optim.grad_clip', 'must be >= 0 (0 = off)')
   for axis in ('data', 'fsdp', 'tensor'):
     size = config.mesh[axis]
-    _check(size == -1 or size >= 1, f'mesh.{axis}', f'must be -1 (all remaining) or >= 1')
+    _check(size == -1 or size >= 1, f'mesh.{axis}', 'must be -1 (all remaining) or >= 1')
   _check([config.mesh[a] for a in ('data', 'fsdp', 'tensor')].count(-1) <= 1, 'mesh',
          'at most one axis may be -1')
   _check(config.sample.num_tokens >= 0, 'sample.num_tokens', 'must be >= 0')

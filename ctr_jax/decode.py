@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ctr_jax.models import blocks
 from ctr_jax.models import layers
 from ctr_jax.models.recurrence import DecodeState
 
@@ -24,7 +25,7 @@ __all__ = ['DecodeState', 'init_decode_state', 'position_scan', 'sequential_logi
 def init_decode_state(model, batch_size: int, length: int) -> DecodeState:
   """An empty state that can hold `length` positions."""
   spec = model.spec
-  return DecodeState(caches=layers.init_cache(spec, batch_size, length),
+  return DecodeState(caches=blocks.init_cache(spec, batch_size, length),
                      feedback=jnp.zeros((batch_size, spec.width), layers.compute_dtype(spec)),
                      index=jnp.zeros((), jnp.int32))
 

@@ -75,10 +75,10 @@ def plot_curves(workdir: str) -> str | None:
              if r.get('val_loss_sequential') is not None]
   if not train and not val:
     return None
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6, 4))
+  # A bare Figure (no pyplot) draws off-screen without switching a notebook's backend.
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(6, 4))
+  ax = fig.subplots()
   for points, label, style in ((train, 'train', '-'), (val, 'validation (parallel K)', 'o-'),
                                (val_seq, 'validation (sequential)', 's--')):
     if points:
@@ -90,5 +90,4 @@ def plot_curves(workdir: str) -> str | None:
   fig.tight_layout()
   path = os.path.join(workdir, 'curves.png')
   fig.savefig(path, dpi=100)
-  plt.close(fig)
   return path

@@ -58,3 +58,45 @@ def tiny_train_config(data_dir: str, **overrides):
       node = node[p]
     node[leaf] = value
   return c
+
+
+# Small models of every block family for the implicit-update tests: grouped/multi-query
+# attention, QK-norm and sliding/full layers where the family has them.
+FAMILY_OPTIONS = {
+    'gpt': {},
+    'gemma': dict(num_kv_heads=1, qk_norm=True, sliding_window=3, rope_local_base=100.0),
+    'llama': dict(num_kv_heads=2),
+    'falcon': dict(num_kv_heads=1),
+    'moe': dict(num_experts=3, experts_per_token=2),
+}
+
+
+def family_lm(block, *, dtype='float32', depth=2, seed=0, kind='transformer', batch=2,
+              length=8, norm_std=0.3, **overrides):
+  """(model, variables, tokens) of a small `block`-family model with random norm scales.
+
+  Norm scales are perturbed by N(0, norm_std) so that no post-norm scale is all ones. Build
+  float64 models inside `jax.enable_x64(True)`.
+  """
+  options = dict(kind=kind, block=block, vocab_size=29, width=16, depth=depth, num_heads=4,
+                 max_len=32, dtype=dtype, param_dtype=dtype)
+  if block == 'gemma':
+    options['layer_types'] = tuple(('sliding_attention', 'full_attention')[i % 2]
+                                   for i in range(depth))
+  cfg = models.model_config(**{**options, **FAMILY_OPTIONS[block], **overrides})
+  model = models.build(cfg)
+  tokens = random_tokens(seed, cfg.vocab_size, batch=batch, length=length)
+
+  @jax.jit  # one compile instead of one per eager op
+  def init(key):
+    params = model.init(key, tokens)['params']
+    paths = jax.tree_util.tree_leaves_with_path(params)
+    keys = iter(jax.random.split(jax.random.fold_in(key, 7), len(paths)))
+
+    def perturb(path, x):
+      names = [getattr(k, 'key', '') for k in path]
+      noise = norm_std * jax.random.normal(next(keys), x.shape, x.dtype)
+      is_norm = names[-1] == 'scale' and any('norm' in n or n.startswith('ln') for n in names)
+      return x + noise if is_norm else x
+    return {'params': jax.tree_util.tree_map_with_path(perturb, params)}
+  return model, init(jax.random.key(seed)), tokens

@@ -3,7 +3,6 @@
 import bz2
 import io
 import itertools
-import lzma
 import os
 import tarfile
 

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ctr_jax.models import blocks
 from ctr_jax.models import layers
 from ctr_jax.models.config import ModelSpec
 from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_right
@@ -32,7 +33,7 @@ class _LanguageModelBase(nn.Module):
     if s.positions == 'learned':
       self.pos_embed = nn.Embed(s.max_len, s.width, embedding_init=layers.embedding_init(s),
                                 dtype=layers.compute_dtype(s), param_dtype=layers.param_dtype(s))
-    self.blocks = layers.BlockStack(s)
+    self.blocks = blocks.BlockStack(s)
     self.ln_f = layers.norm(s)
     if not s.tie_embeddings:
       self.head = layers.dense(s, s.vocab_size, use_bias=s.block == 'gpt', fan_in=s.width)
@@ -56,7 +57,7 @@ class _LanguageModelBase(nn.Module):
 
   def init_decode_state(self, batch_size: int, length: int) -> DecodeState:
     s = self.spec
-    return DecodeState(caches=layers.init_cache(s, batch_size, length),
+    return DecodeState(caches=blocks.init_cache(s, batch_size, length),
                        feedback=jnp.zeros((batch_size, s.width), layers.compute_dtype(s)),
                        index=jnp.zeros((), jnp.int32))
 
@@ -121,13 +122,9 @@ class Correction(nn.Module):
     kind = self.spec.correction
     if kind == 'none':
       return feedback
-    if kind == 'token_blind':
-      return self.ffn(self.ln(feedback))
-    if kind == 'concat':
-      return self.ffn(self.ln(jnp.concatenate([feedback, e], axis=-1)))
     if kind == 'tied':
       return tied_mlp(self.ln(feedback + e))
-    return self.ffn(self.ln(feedback + e))
+    return self.ffn(self.ffn_input(feedback, e))
 
 
 class ContextReadyLM(_LanguageModelBase):

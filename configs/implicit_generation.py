@@ -1,0 +1,96 @@
+"""Implicit context updates during generation (arXiv 2511.17864, section 4) on small models.
+
+Trains small Gemma-, Llama- and Falcon-style models on the embedded KJV corpus (cached in the
+workdir), then generates 20 greedy tokens for 5 prompts; at every step the patches are
+recomputed and the patched model sees only the current token. Compares float32 and bfloat16,
+the direct and the stable update (Gemma), and the first patched layer (0, L/2, last only):
+
+  python scripts/implicit_generation.py --config=configs/implicit_generation.py
+
+The same experiment on a Hugging Face checkpoint (e.g. google/gemma-3-1b-it downloaded to a
+directory; the paper's five prompts, Gemma chat format):
+
+  python scripts/implicit_generation.py \
+      --config=configs/implicit_generation.py:hf_dir=/path/to/gemma-3-1b-it
+
+Results (results.json, table.md) go to `workdir`, figures also to `figures_dir`.
+"""
+
+import ml_collections
+
+from ctr_jax import config_lib
+
+# The paper's prompts (used with a Hugging Face checkpoint).
+PAPER_PROMPTS = (
+    'Write a single-sentence weather forecast for Mars, from the perspective of a slightly '
+    'annoyed robot:',
+    "Constraint: No 'e's. Topic: The meaning of life. Length: Exactly 20 words. Write:",
+    "Explain what a 'bug' is in computer programming, but explain it to a 16th-century "
+    'medieval peasant. Use 20 words or less:',
+    'Topic: Three siblings named Jack, Fred, and Alice. Task: Write one 5-7-5 haiku about them:',
+    'We can absorb the impact of a prompt for a modern language model such as Gemma into the '
+    'MLP weights. Write a two-line rhyming couplet about this fact:',
+)
+# Openings in the style of the small models' training text.
+KJV_PROMPTS = (
+    'In the beginning God created',
+    'And the LORD spake unto Moses, saying,',
+    'The LORD is my shepherd;',
+    'Blessed are the poor in spirit:',
+    'And it came to pass, when the king heard',
+)
+
+
+def _family(block, **model):
+  base = dict(kind='transformer', block=block, width=96, depth=4, num_heads=4, head_dim=24,
+              mlp_dim=384, max_len=128, init='normal', rope_base=10000.0)
+  return ml_collections.ConfigDict({**base, **model})
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, hf_dir='', quick=False)
+  c = ml_collections.ConfigDict()
+  c.workdir = '/tmp/implicit_generation'  # results.json, table.md, trained parameters
+  c.figures_dir = 'docs/figures'          # '' = workdir only
+  c.seed = 0
+
+  c.num_tokens = 20                       # greedy tokens per prompt
+  c.prompts = KJV_PROMPTS
+  c.dtypes = ('float32', 'bfloat16')
+  c.methods = ('direct', 'stable')        # 'stable' only where it differs (Gemma)
+  c.modes = ('materialise', 'action')     # patched weights stored in the dtype | rank-1 action
+  c.eval_batch = 100                      # (prompt, step) pairs per call
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = 'kjv_bible'
+  c.data.data_dir = ''                    # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets
+  c.data.vocab_size = 512
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 300
+  c.train.batch_size = 16
+  c.train.seq_len = 64
+  c.optim = ml_collections.ConfigDict(dict(lr=3e-3, warmup_steps=40, min_lr_ratio=0.1,
+                                           weight_decay=0.01, b1=0.9, b2=0.95, eps=1e-8,
+                                           grad_clip=1.0))
+
+  # Gemma 3 in miniature: one KV head, QK-norm, 3 sliding : 1 global layers with their own RoPE
+  # bases, four (1 + w) RMSNorms, GeGLU-tanh, sqrt(d) embedding scale, tied head.
+  c.families = ml_collections.ConfigDict()
+  c.families.gemma = _family('gemma', num_kv_heads=1, qk_norm=True, sliding_window=16,
+                             layer_types=('sliding_attention',) * 3 + ('full_attention',),
+                             rope_local_base=10000.0, rope_base=1e6, tie_embeddings=True,
+                             layer_norm_eps=1e-6)
+  c.families.llama = _family('llama', num_kv_heads=2, layer_norm_eps=1e-6)
+  c.families.falcon = _family('falcon', num_kv_heads=1, tie_embeddings=True)
+
+  c.hf_dir = arg.hf_dir                   # a Hugging Face checkpoint replaces the small models
+  c.hf_prompts = PAPER_PROMPTS
+  c.chat_template = True                  # wrap hf prompts in Gemma's user/model turn markers
+
+  if arg.quick:  # a smoke run in well under a minute
+    c.train.steps = 20
+    c.num_tokens = 3
+    c.dtypes = ('float32',)
+    c.modes = ('materialise',)
+  return c

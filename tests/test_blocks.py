@@ -1,0 +1,114 @@
+"""Block families: construction, decoding, parameter names and the family-specific pieces."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ctr_jax import decode, models
+from ctr_jax.models import layers
+from helpers import FAMILY_OPTIONS, family_lm, max_abs_diff
+
+
+def family_model(block, kind='transformer', **overrides):
+  """A small model of `block` with its initial parameters (norm scales untouched)."""
+  extra = {'gemma': dict(layer_types=('sliding_attention', 'full_attention')),
+           'falcon': dict(parallel_norms=2, use_bias=True)}.get(block, {})
+  return family_lm(block, kind=kind, norm_std=0.0, length=7, seed=3, **{**extra, **overrides})
+
+
+# The context-ready wiring is family-independent; the Gemma case covers it.
+@pytest.mark.parametrize('block, kind', [(b, 'transformer') for b in sorted(FAMILY_OPTIONS)] +
+                         [('gemma', 'context_ready')])
+def test_every_family_decodes_like_its_parallel_forward(block, kind):
+  model, variables, tokens = family_model(block, kind)
+  k = tokens.shape[1] + 1
+  full = jax.jit(lambda v, t: model.apply(v, t, k_unroll=k))(variables, tokens)
+  assert full.shape == (2, 7, 29) and bool(jnp.all(jnp.isfinite(full)))
+  assert max_abs_diff(full, decode.sequential_logits(model, variables, tokens)) <= 1e-4
+
+
+def test_gpt_block_keeps_its_parameter_names():
+  model, variables, _ = family_model('gpt')
+  paths = {jax.tree_util.keystr(p) for p, _ in
+           jax.tree_util.tree_leaves_with_path(variables['params'])}
+  block = "['blocks']['block_0']"
+  expected = {f"{block}['{m}']['{l}']['{w}']" for m, l in
+              [('attn', 'query'), ('attn', 'key'), ('attn', 'value'), ('attn', 'out'),
+               ('mlp', 'fc_in'), ('mlp', 'fc_out')] for w in ('kernel', 'bias')}
+  expected |= {f"{block}['{n}']['{w}']" for n in ('ln_attn', 'ln_mlp') for w in ('scale', 'bias')}
+  assert {p for p in paths if p.startswith(block)} == expected
+  assert {p for p in paths if 'block_' not in p} == {
+      "['embed']['embedding']", "['ln_f']['scale']", "['ln_f']['bias']", "['head']['kernel']",
+      "['head']['bias']"}
+
+
+def test_gemma_family_pieces():
+  model, variables, tokens = family_model('gemma', tie_embeddings=True)
+  p = variables['params']
+  assert 'head' not in p  # tied
+  block = p['blocks']['block_0']
+  assert set(block) == {'attn_norm', 'attn', 'post_attn_norm', 'mlp_norm', 'mlp',
+                        'post_mlp_norm'}
+  assert set(block['attn']) == {'query', 'key', 'value', 'out', 'q_norm', 'k_norm'}
+  assert block['attn']['key']['kernel'].shape == (16, 4)  # one KV head of Dh = 4
+  assert float(jnp.abs(block['post_mlp_norm']['scale']).max()) == 0.0  # (1 + w), w = 0
+  pieces = jax.jit(lambda v, t: model.apply(v, t, method=lambda m, t: (
+      m.embed_tokens(t, True), m.ln_f(m.blocks(m.embed_tokens(t, True),
+                                               jnp.arange(t.shape[1]))[0]))))
+  e, final = pieces(variables, tokens)
+  table = p['embed']['embedding'][tokens]
+  np.testing.assert_allclose(e, table * jnp.float32(4.0), rtol=1e-6)  # sqrt(16)
+  logits = jax.jit(model.apply)(variables, tokens)
+  assert max_abs_diff(logits, final @ p['embed']['embedding'].T) <= 1e-5
+
+
+def test_sliding_layer_sees_only_its_window():
+  model, variables, tokens = family_model('gemma', depth=1, layer_types=('sliding_attention',))
+  changed = tokens.at[:, 0].set((tokens[:, 0] + 1) % 29)
+  apply = jax.jit(model.apply)
+  diff = np.abs(np.asarray(apply(variables, tokens) - apply(variables, changed)))
+  per_position = diff.max(axis=(0, 2))
+  assert np.all(per_position[:3] > 0) and np.all(per_position[3:] == 0)  # window 3
+
+
+def test_rms_norm_conventions():
+  spec = models.spec_of(models.model_config(block='gemma', layer_norm_eps=0.0))
+  x = jax.random.normal(jax.random.key(1), (3, 8))
+  w = 0.5 * jax.random.normal(jax.random.key(2), (8,))
+  normed = x / np.sqrt(np.mean(np.square(x), -1, keepdims=True))
+  for offset, scale in ((True, 1 + w), (False, w)):
+    y = layers.RMSNorm(spec, offset=offset).apply({'params': {'scale': w}}, x)
+    np.testing.assert_allclose(y, normed * scale, rtol=1e-5, atol=1e-6)
+
+
+def test_rope_linear_factor_divides_positions():
+  x = jax.random.normal(jax.random.key(3), (1, 4, 2, 8))
+  pos = jnp.arange(4)
+  np.testing.assert_allclose(layers.rope(x, 2 * pos, 100.0, factor=2.0),
+                             layers.rope(x, pos, 100.0), rtol=1e-5, atol=1e-6)
+
+
+def test_moe_routing_is_mixtral_top_k():
+  logits = jax.random.normal(jax.random.key(4), (5, 6))
+  gates = np.asarray(layers.moe_gates(logits, 2))
+  probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  for row, g in zip(probs, gates):
+    top = np.argsort(row)[-2:]
+    expected = np.zeros(6)
+    expected[top] = row[top] / row[top].sum()
+    np.testing.assert_allclose(g, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize('overrides, field', [
+    (dict(positions='alibi'), 'positions'),
+    (dict(activation='tanh'), 'activation'),
+    (dict(depth=2, layer_types=('full_attention',)), 'layer_types'),
+    (dict(depth=1, layer_types=('local',)), 'layer_types'),
+    (dict(parallel_norms=3), 'parallel_norms'),
+    (dict(rope_scaling_factor=0.0), 'rope_scaling_factor'),
+    (dict(block='llama', positions='learned'), 'positions'),
+])
+def test_new_fields_are_validated(overrides, field):
+  with pytest.raises(ValueError, match=field):
+    models.model_config(**overrides)
