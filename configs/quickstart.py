@@ -2,7 +2,7 @@
 
   python -m ctr_jax.main --config=configs/quickstart.py --workdir=/tmp/ctr_quickstart
 
-Trains D=2, C=192 with K ~ U{2..4} for 600 steps (about 7 minutes on 2 CPU cores), then reports
+Trains D=2, C=128 with K ~ U{2..4} for 600 steps (about 6 minutes on 2 CPU cores), then reports
 validation perplexity in parallel-K and in exact sequential mode and prints a sample.
 Args: `transformer` trains the matching 4-layer baseline instead, e.g.
 configs/quickstart.py:transformer.
