@@ -283,21 +283,28 @@ class _Tensors:
     self.used.add(key)
 
 
+def _attention(t: _Tensors, prefix: str) -> dict:
+  """q/k/v/o projections of a Llama-layout attention (also Gemma 3's)."""
+  names = {'query': 'q_proj', 'key': 'k_proj', 'value': 'v_proj', 'out': 'o_proj'}
+  return {ours: t.linear(f'{prefix}self_attn.{theirs}') for ours, theirs in names.items()}
+
+
+def _gated_mlp(t: _Tensors, prefix: str) -> dict:
+  names = {'gate': 'gate_proj', 'up': 'up_proj', 'down': 'down_proj'}
+  return {ours: t.linear(f'{prefix}mlp.{theirs}') for ours, theirs in names.items()}
+
+
 def _gemma3_params(t: _Tensors, spec) -> dict:
   blocks = {}
   for i in range(spec.depth):
     p = f'layers.{i}.'
     blocks[f'block_{i}'] = {
         'attn_norm': t.norm(p + 'input_layernorm'),
-        'attn': {'query': t.linear(p + 'self_attn.q_proj'), 'key': t.linear(p + 'self_attn.k_proj'),
-                 'value': t.linear(p + 'self_attn.v_proj'),
-                 'out': t.linear(p + 'self_attn.o_proj'),
-                 'q_norm': t.norm(p + 'self_attn.q_norm'),
+        'attn': {**_attention(t, p), 'q_norm': t.norm(p + 'self_attn.q_norm'),
                  'k_norm': t.norm(p + 'self_attn.k_norm')},
         'post_attn_norm': t.norm(p + 'post_attention_layernorm'),
         'mlp_norm': t.norm(p + 'pre_feedforward_layernorm'),
-        'mlp': {'gate': t.linear(p + 'mlp.gate_proj'), 'up': t.linear(p + 'mlp.up_proj'),
-                'down': t.linear(p + 'mlp.down_proj')},
+        'mlp': _gated_mlp(t, p),
         'post_mlp_norm': t.norm(p + 'post_feedforward_layernorm'),
     }
   return {'embed': {'embedding': t.get('embed_tokens.weight')}, 'blocks': blocks,
@@ -310,12 +317,9 @@ def _llama_params(t: _Tensors, spec) -> dict:
     p = f'layers.{i}.'
     blocks[f'block_{i}'] = {
         'attn_norm': t.norm(p + 'input_layernorm'),
-        'attn': {'query': t.linear(p + 'self_attn.q_proj'), 'key': t.linear(p + 'self_attn.k_proj'),
-                 'value': t.linear(p + 'self_attn.v_proj'),
-                 'out': t.linear(p + 'self_attn.o_proj')},
+        'attn': _attention(t, p),
         'mlp_norm': t.norm(p + 'post_attention_layernorm'),
-        'mlp': {'gate': t.linear(p + 'mlp.gate_proj'), 'up': t.linear(p + 'mlp.up_proj'),
-                'down': t.linear(p + 'mlp.down_proj')},
+        'mlp': _gated_mlp(t, p),
     }
   return {'embed': {'embedding': t.get('embed_tokens.weight')}, 'blocks': blocks,
           'ln_f': t.norm('norm')}
