@@ -16,10 +16,10 @@ import jax.numpy as jnp
 
 from ctr_jax.models import blocks
 from ctr_jax.models import layers
-from ctr_jax.models.recurrence import DecodeState
+from ctr_jax.models.recurrence import DecodeState, shift_right
 
 __all__ = ['DecodeState', 'init_decode_state', 'position_scan', 'sequential_logits', 'prefill',
-           'sample_logits', 'generate']
+           'parallel_prefill', 'sample_logits', 'generate']
 
 
 def init_decode_state(model, batch_size: int, length: int) -> DecodeState:
@@ -53,6 +53,53 @@ def prefill(model, variables, prompt: jax.Array, length: int):
   return position_scan(model, variables, prompt, state)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3, 5))
+def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance=1e-4,
+                     max_iterations: int = 0):
+  """`prefill` by fixed-point iteration over all prompt positions at once.
+
+  Context-ready models iterate u = e + c, z = Block(u), c <- CorrFFN(LN(shift(z) + e)) until
+  max |c_new - c| <= tolerance (or `max_iterations`, default T0 + 1, after which the result is
+  exact by causality: position t is exact after t + 2 passes). Every pass writes the KV caches,
+  so the state after the last pass continues decoding like `prefill`'s. A transformer needs one
+  pass. Returns (logits [B, T0, V], state, block passes used).
+  """
+  t0 = prompt.shape[1]
+  state = init_decode_state(model, prompt.shape[0], length)
+  if not model.spec.is_context_ready:
+    logits, state = model.apply(variables, prompt, decode_state=state)
+    return logits, state, jnp.ones((), jnp.int32)
+  if model.spec.cumulative:
+    raise ValueError('model.cumulative=True has no exact sequential form; it cannot be prefilled')
+  max_iterations = max_iterations or t0 + 1
+  positions = jnp.arange(t0)
+  run = functools.partial(model.apply, variables)
+  e = run(prompt, True, positions, method=lambda m, *a: m.embed_tokens(*a))
+
+  def one_pass(carry):
+    c, _, _, _, iterations, _ = carry
+    u = e + c
+    z, caches = run(u, positions, state.caches, jnp.zeros((), jnp.int32),
+                    method=lambda m, *a: m.blocks(*a))
+    feedback = run(z, u, method=lambda m, *a: m.feedback(*a))
+    c_next = run(shift_right(feedback), e, method=lambda m, *a: m.correct(*a))
+    change = jnp.max(jnp.abs((c_next - c).astype(jnp.float32)))
+    return c_next, u, z, caches, iterations + 1, change
+
+  def not_converged(carry):
+    *_, iterations, change = carry
+    return (iterations < max_iterations) & (change > tolerance)
+
+  zeros = jnp.zeros_like(e)
+  carry = one_pass((zeros, e, zeros, state.caches, jnp.zeros((), jnp.int32), jnp.float32(0)))
+  _, u, z, caches, iterations, _ = jax.lax.while_loop(not_converged, one_pass, carry)
+  logits = run(z, method=lambda m, h: m.logits(h))
+  feedback = run(z[:, -1:], u[:, -1:], method=lambda m, *a: m.feedback(*a))[:, 0]
+  state = state.replace(caches=caches, feedback=feedback.astype(state.feedback.dtype),
+                        index=jnp.asarray(t0, jnp.int32))
+  return logits, state, iterations
+
+
 def sample_logits(logits: jax.Array, rng, temperature, top_k: int = 0) -> jax.Array:
   """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k."""
   greedy = jnp.argmax(logits, axis=-1)
@@ -67,8 +114,11 @@ def sample_logits(logits: jax.Array, rng, temperature, top_k: int = 0) -> jax.Ar
 @functools.partial(jax.jit, static_argnums=(0, 3, 6))
 def _generate(model, variables, prompt, num_tokens, rng, temperature, top_k):
   t0 = prompt.shape[1]
-  logits, state = position_scan(model, variables, prompt,
-                                init_decode_state(model, prompt.shape[0], t0 + num_tokens))
+  state = init_decode_state(model, prompt.shape[0], t0 + num_tokens)
+  if model.spec.is_context_ready:
+    logits, state = position_scan(model, variables, prompt, state)
+  else:  # a transformer fills its caches in one parallel pass
+    logits, state = model.apply(variables, prompt, decode_state=state)
 
   def step(carry, step_rng):
     last_logits, st = carry

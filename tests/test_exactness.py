@@ -96,3 +96,44 @@ def test_sampling_respects_top_k_and_seed():
   c = decode.generate(model, variables, prompt, 5, jax.random.key(2), temperature=5.0)
   np.testing.assert_array_equal(b, c)
   assert int(b.max()) < model.spec.vocab_size
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_parallel_prefill_equals_sequential_prefill_and_continues_identically(seed, dtype):
+  """Run to its exact bound (T0 + 1 passes), the fixed-point prefill reproduces the position
+  scan's logits and state, so greedy decoding from either state gives the same tokens."""
+  _, model, variables, tokens = random_model(seed, dtype=dtype)
+  t0 = tokens.shape[1]
+  length = t0 + 4
+  ref_logits, ref_state = decode.prefill(model, variables, tokens, length)
+  logits, state, passes = decode.parallel_prefill(model, variables, tokens, length, 0.0)
+  tol = 1e-4 if dtype == 'float32' else 0.05 * float(jnp.max(jnp.abs(ref_logits)))
+  assert int(passes) == t0 + 1
+  assert max_abs_diff(logits, ref_logits) <= tol
+  assert int(state.index) == int(ref_state.index) == t0
+  assert max_abs_diff(state.feedback, ref_state.feedback) <= (1e-4 if dtype == 'float32' else 0.1)
+  for ours, ref in zip(state.caches, ref_state.caches):
+    assert max_abs_diff(ours['k'], ref['k']) <= (1e-4 if dtype == 'float32' else 0.1)
+  if dtype == 'float32':
+    def rollout(st, last):
+      out = []
+      for _ in range(3):
+        token = jnp.argmax(last, axis=-1)[:, None].astype(jnp.int32)
+        step_logits, st = model.apply(variables, token, decode_state=st)
+        last = step_logits[:, 0]
+        out.append(np.asarray(token))
+      return np.concatenate(out, axis=1)
+    np.testing.assert_array_equal(rollout(state, logits[:, -1]), rollout(ref_state, ref_logits[:, -1]))
+
+
+def test_parallel_prefill_stops_at_the_tolerance_and_transformers_take_one_pass():
+  _, model, variables, tokens = random_model(5, depth=2)
+  loose = decode.parallel_prefill(model, variables, tokens, tokens.shape[1], 1e3)
+  assert int(loose[2]) == 1  # the first pass's change |c^(1) - 0| is already below 1e3
+  capped = decode.parallel_prefill(model, variables, tokens, tokens.shape[1], 0.0, 2)
+  assert int(capped[2]) == 2
+  _, tmodel, tvariables, ttokens = random_model(5, kind='transformer', depth=2)
+  logits, _, passes = decode.parallel_prefill(tmodel, tvariables, ttokens, ttokens.shape[1])
+  assert int(passes) == 1
+  assert max_abs_diff(logits, tmodel.apply(tvariables, ttokens)) <= 1e-5
