@@ -96,3 +96,27 @@ def shrink_for_cpu(config) -> None:
   config.checkpoint_every = 100
   config.eval_batches = 4
   config.sample.num_tokens = 32
+
+
+def parse_flags_one_line_errors(flag_values, argv, program: str):
+  """Parses absl flags; a bad config file, arg or override ends as one line and exit code 2."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    argv = flag_values(argv)
+    flag_values.config.get('name')  # a config file that failed to load raises here
+    return argv
+  except (flags.Error, KeyError, OSError, ValueError, TypeError, AttributeError) as e:
+    print(f'{program}: error: {_one_line(e)}', file=sys.stderr)
+    sys.exit(2)
+
+
+def _one_line(error: BaseException) -> str:
+  error = error.__cause__ or error
+  text = str(error)
+  if isinstance(error, KeyError) and error.args:
+    text = f'unknown config field {error.args[0]}'
+  lines = [l.strip() for l in str(text).splitlines() if l.strip()]
+  if any(l.startswith('Traceback') for l in lines):
+    lines = lines[-1:]  # a config file that raised: its last line is the actual message
+  return ' '.join(l for l in lines if not l.startswith('Pass --helpshort'))

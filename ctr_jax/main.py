@@ -40,24 +40,8 @@ def main(argv):
 
 def parse_flags(argv):
   """absl flag parsing whose errors (bad config file, arg or override) end as one line."""
-  try:
-    argv = FLAGS(argv)
-    FLAGS.config.job  # pylint: disable=pointless-statement  (a failed config load raises here)
-    return argv
-  except (flags.Error, KeyError, OSError, ValueError, TypeError, AttributeError) as e:
-    print(f'ctr_jax: error: {_one_line(e)}', file=sys.stderr)
-    sys.exit(2)
-
-
-def _one_line(error: BaseException) -> str:
-  error = error.__cause__ or error
-  text = str(error)
-  if isinstance(error, KeyError) and error.args:
-    text = f'unknown config field {error.args[0]}'
-  lines = [l.strip() for l in str(text).splitlines() if l.strip()]
-  if any(l.startswith('Traceback') for l in lines):
-    lines = lines[-1:]  # a config file that raised: its last line is the actual message
-  return ' '.join(l for l in lines if not l.startswith('Pass --helpshort'))
+  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.parse_flags_one_line_errors(FLAGS, argv, 'ctr_jax')
 
 
 if __name__ == '__main__':

@@ -1,0 +1,55 @@
+"""Fields every bench config has; cpu.py, gpu.py and tiny.py override them.
+
+Sections (`sections`, comma-separated): train, decode, prefill, scaling.
+  train:   one row per entry of `train` ({label, model: model-config fields, k, seq_len, batch});
+           the PyTorch peer (`peer`) runs beside the entry labelled `peer.matched_label`.
+  decode:  each model of each `decode.pairs` pair at each batch size, paper sizes by name; then
+           `decode.matched_model` against the peer's `generate`.
+  prefill: `prefill.model` on a `prefill.prompt_len` prompt, sequential vs parallel fixed point.
+  scaling: training step time against K and T (`scaling.train_model`) and batch-1 decode time
+           against the context length (`scaling.decode_model`).
+"""
+
+import ml_collections
+
+# The paper's A100 bf16 batch-1 decode latencies (reference section 6).
+PAPER_DECODE_MS = {'d5_c1120': 2.86, 't12_c768': 4.96, 'd1_c2048': 1.09, 't6_c1088': 2.85}
+PAPER_PAIRS = [['d5_c1120', 't12_c768'], ['d1_c2048', 't6_c1088']]
+
+
+def get_base(name: str, command: str) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = name
+  c.command = command
+  c.output = ''
+  c.sections = 'train,decode,prefill,scaling'
+  c.dtype = 'float32'
+  c.warmup = 2
+  c.repeats = 5
+  c.peak_size = 2048
+  c.bandwidth_mb = 512
+  c.train = []
+  c.peer = ml_collections.ConfigDict({
+      'enabled': True, 'width': 512, 'depth': 6, 'heads': 8, 'vocab': 4096, 'seq_len': 256,
+      'batch': 8, 'matched_label': 't6_c512 (peer shape)'})
+  c.decode = ml_collections.ConfigDict({
+      'pairs': PAPER_PAIRS, 'batches': [1, 8], 'prompt_len': 16, 'new_tokens': 64,
+      'vocab_size': 32000, 'paper_ms': PAPER_DECODE_MS, 'matched_model': peer_shape()})
+  c.prefill = ml_collections.ConfigDict({
+      'model': {'kind': 'context_ready', 'width': 256, 'depth': 2, 'num_heads': 4,
+                'vocab_size': 4096, 'max_len': 1024},
+      'prompt_len': 512, 'tolerance': 1e-4})
+  c.scaling = ml_collections.ConfigDict({
+      'train_model': {'kind': 'context_ready', 'width': 256, 'depth': 2, 'num_heads': 4,
+                      'vocab_size': 4096, 'max_len': 1024},
+      'batch': 8, 'seq_lens': [64, 128, 256, 512], 'k_values': [1, 2, 4, 8],
+      'decode_model': {'kind': 'transformer', 'width': 512, 'depth': 6, 'num_heads': 8,
+                       'vocab_size': 4096, 'max_len': 4200},
+      'contexts': [256, 512, 1024, 2048, 4096], 'new_tokens': 32})
+  return c
+
+
+def peer_shape(**overrides) -> dict:
+  """Our baseline at the peer's shape: C=512, N=6, 8 heads, V=4096; tanh-GELU as GPT-2's."""
+  return {'kind': 'transformer', 'width': 512, 'depth': 6, 'num_heads': 8, 'vocab_size': 4096,
+          'max_len': 1024, 'activation': 'gelu_tanh', **overrides}

@@ -1,0 +1,64 @@
+"""python -m ctr_jax.bench --config=configs/bench/cpu.py [--output=docs/benchmarks.md]
+
+Prints the tables and, with --output (default: the config's `output`), writes the config's
+section of that markdown file and the raw numbers to <output stem>_<name>.json.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file('config', 'configs/bench/cpu.py', 'Bench config file.',
+                                lock_config=True)
+flags.DEFINE_string('output', None, "Markdown file for the results ('' = print only); "
+                    "default: the config's `output`.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if not any(a.startswith(('--verbosity', '-v')) for a in sys.argv[1:]):
+    logging.set_verbosity(logging.WARNING)
+  from ctr_jax.bench import report, runner  # pylint: disable=g-import-not-at-top
+  config = FLAGS.config
+  output = config.output if FLAGS.output is None else FLAGS.output
+  try:
+    runner.validate(config)
+    if output:
+      _check_writable(output)
+    results = runner.run(config)
+  except ValueError as e:
+    if os.environ.get('CTR_JAX_TRACEBACK'):
+      raise
+    print(f'ctr_jax.bench: error: {" ".join(str(e).split())}', file=sys.stderr)
+    sys.exit(2)
+  section = report.markdown(results)
+  print(section)
+  if output:
+    report.write_section(output, config.name, section)
+    report.write_json(f'{os.path.splitext(output)[0]}_{config.name}.json', results)
+    print(f'wrote the {config.name!r} section of {output}')
+
+
+def _check_writable(path: str) -> None:
+  folder = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f'--output: cannot create {folder!r}: {e.strerror}') from None
+  if not os.access(folder, os.W_OK):
+    raise ValueError(f'--output: cannot write to {folder!r}')
+
+
+def _parse_flags(argv):
+  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.parse_flags_one_line_errors(FLAGS, argv, 'ctr_jax.bench')
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=_parse_flags)

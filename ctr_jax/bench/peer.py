@@ -1,0 +1,81 @@
+"""The PyTorch peer: a Hugging Face GPT-2 of the same shape, random weights, timed in this run.
+
+Optional: needs the `bench` extra (`pip install -e ".[bench]"`: the torch CPU build and
+transformers). Without it the peer rows are skipped with a note, not an error. Dropout is off,
+threads = all cores (torch's default), AdamW, and `generate` with the KV cache, greedy.
+"""
+
+import statistics
+import time
+
+
+def available() -> str:
+  """'' when torch and transformers import, else the reason they do not."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top,unused-import
+    import transformers  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    return f'PyTorch peer skipped: {e} (pip install -e ".[bench]")'
+  return ''
+
+
+def _median_seconds(fn, warmup: int, repeats: int) -> float:
+  for _ in range(max(warmup, 1)):
+    fn()
+  times = []
+  for _ in range(max(repeats, 1)):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _model(width: int, depth: int, heads: int, vocab: int, max_len: int):
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers import GPT2Config, GPT2LMHeadModel  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  config = GPT2Config(vocab_size=vocab, n_positions=max_len, n_embd=width, n_layer=depth,
+                      n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      bos_token_id=0, eos_token_id=0)
+  return GPT2LMHeadModel(config)
+
+
+def train_throughput(*, width: int, depth: int, heads: int, vocab: int, seq_len: int, batch: int,
+                     warmup: int, repeats: int) -> dict:
+  import torch  # pylint: disable=g-import-not-at-top
+  model = _model(width, depth, heads, vocab, max(seq_len, 1024))
+  model.train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+  tokens = torch.randint(0, vocab, (batch, seq_len + 1), generator=torch.Generator().manual_seed(1))
+  inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+  def step():
+    logits = model(inputs).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+  seconds = _median_seconds(step, warmup, repeats)
+  return {'step_ms': 1e3 * seconds, 'tokens_per_second': batch * seq_len / seconds,
+          'threads': torch.get_num_threads(), 'torch': torch.__version__}
+
+
+def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int, prompt_len: int,
+                   new_tokens: int, warmup: int, repeats: int) -> dict:
+  """Marginal ms per generated position of `model.generate` (greedy, KV cache)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model = _model(width, depth, heads, vocab, max(prompt_len + new_tokens + 1, 1024))
+  model.eval()
+  prompt = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+  mask = torch.ones_like(prompt)
+
+  def run(n):
+    with torch.inference_mode():
+      model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                     do_sample=False, use_cache=True, pad_token_id=0)
+
+  t_small = _median_seconds(lambda: run(1), warmup, repeats)
+  t_large = _median_seconds(lambda: run(1 + new_tokens), warmup, repeats)
+  return {'ms_per_token': 1e3 * max(t_large - t_small, 0.0) / new_tokens}

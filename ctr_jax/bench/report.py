@@ -1,0 +1,112 @@
+"""Results -> a markdown section (tables) printed and written into docs/benchmarks.md.
+
+Each config owns one section between `<!-- bench:NAME -->` markers; rerunning a config replaces
+its section and leaves the hand-written text and other sections alone. The raw numbers go to a
+JSON file next to the markdown file.
+"""
+
+import json
+import os
+
+
+def _fmt(x, digits=3):
+  if x is None:
+    return '–'
+  if isinstance(x, int):
+    return f'{x:,}'
+  if abs(x) >= 100:
+    return f'{x:,.0f}'
+  return f'{x:.{digits}g}'
+
+
+def _table(header, rows) -> list[str]:
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  lines += ['| ' + ' | '.join(_fmt(c) if not isinstance(c, str) else c for c in row) + ' |'
+            for row in rows]
+  return lines + ['']
+
+
+def markdown(results: dict) -> str:
+  r = results
+  out = [f"### `{r['name']}`: {r['machine_line']}", '',
+         f"Command: `{r['command']}` ({r['date']}; medians of {r['repeats']} runs after "
+         f"{r['warmup']} warm-up runs).", '',
+         f"Measured ceilings: matmul {_fmt(r['peak_flops'] / 1e9)} GFLOP/s "
+         f"({r['peak_dtype']}, {r['peak_size']}²); memory bandwidth "
+         f"{_fmt(r['bandwidth'] / 1e9)} GB/s (float32 matrix-vector product).", '']
+  for note in r.get('notes', []):
+    out += [f'Note: {note}', '']
+  if r.get('train'):
+    out += ['#### Training throughput', '']
+    rows = [[t['label'], t['k'] or '–', t['seq_len'], t['batch'], t['params'], t['step_ms'],
+             t['tokens_per_second'], f"{100 * t['mfu']:.1f}%",
+             f"{t['vs_peer']:.2f}×" if t.get('vs_peer') else '–'] for t in r['train']]
+    out += _table(['model', 'K', 'T', 'B', 'params', 'step ms', 'tokens/s', 'MFU', 'vs peer'],
+                  rows)
+  if r.get('decode'):
+    out += ['#### Decode (ms per generated position, greedy, KV cache)', '']
+    rows = [[d['label'], d['batch'], d['params'], d['ms_per_token'], d['roofline_ms'],
+             f"{d['ms_per_token'] / d['roofline_ms']:.2f}×" if d['roofline_ms'] else '–',
+             d.get('paper_ms') or '–',
+             f"{d['vs_peer']:.2f}×" if d.get('vs_peer') else '–'] for d in r['decode']]
+    out += _table(['model', 'B', 'params', 'ms/token', 'roofline ms', 'vs roofline',
+                   'paper A100 bf16 B=1', 'peer ÷ ours'], rows)
+    if r.get('decode_pairs'):
+      rows = [[p['crt'], p['transformer'], p['batch'],
+               f"{p['speedup']:.2f}×" if p['speedup'] else '–',
+               f"{p['paper_speedup']:.2f}×" if p.get('paper_speedup') else '–']
+              for p in r['decode_pairs']]
+      out += _table(['context-ready', 'transformer', 'B', 'speedup (transformer ms ÷ CRT ms)',
+                     'paper'], rows)
+  if r.get('prefill'):
+    p = r['prefill']
+    out += ['#### Prefill: sequential scan vs parallel fixed point', '',
+            f"{p['label']}, prompt {p['prompt_len']} tokens, tolerance {p['tolerance']:g}.", '']
+    out += _table(['sequential ms', 'parallel ms', 'block passes', 'speedup', 'max |Δlogit|'],
+                  [[p['sequential_ms'], p['parallel_ms'], p['iterations'], p['speedup'],
+                    f"{p['max_abs_logit_diff']:.2e}"]])
+  if r.get('scaling'):
+    s = r['scaling']
+    out += ['#### Scaling', '']
+    if 'train' in s:
+      t = s['train']
+      out += [f"Training step of {s['train_label']} (B = {s['batch']}):", '']
+      out += _table(['K (T = %d)' % t['t_fixed'], *map(str, t['by_k'])],
+                    [['step ms', *t['by_k'].values()]])
+      out += _table(['T (K = %d)' % t['k_fixed'], *map(str, t['by_t'])],
+                    [['step ms', *t['by_t'].values()]])
+      out += [f"Measured exponents: step time ∝ K^{t['k_exponent']:.2f}, "
+              f"∝ T^{t['t_exponent']:.2f}.", '']
+    if 'decode' in s:
+      d = s['decode']
+      out += [f"Batch-1 decode of {s['decode_label']} against the context length:", '']
+      out += _table(['context', *map(str, d['by_context'])],
+                    [['ms/token', *d['by_context'].values()]])
+      out += [f"Measured exponent: decode ms/token ∝ context^{d['exponent']:.2f}.", '']
+  return '\n'.join(out).rstrip() + '\n'
+
+
+def write_section(path: str, name: str, section: str) -> None:
+  """Replaces (or appends) the `name` section of the markdown file at `path`."""
+  begin, end = f'<!-- bench:{name} -->', f'<!-- /bench:{name} -->'
+  text = ''
+  if os.path.exists(path):
+    with open(path) as f:
+      text = f.read()
+  block = f'{begin}\n{section}{end}'
+  if begin in text and end in text:
+    head, rest = text.split(begin, 1)
+    text = head + block + rest.split(end, 1)[1]
+  else:
+    text = (text.rstrip() + '\n\n' if text else '# Benchmarks\n\n') + block + '\n'
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def write_json(path: str, results: dict) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(results, f, indent=1, default=float)
+  os.replace(tmp, path)

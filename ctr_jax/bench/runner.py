@@ -1,0 +1,165 @@
+"""Runs the sections a bench config asks for and collects one results dict.
+
+Sections: 'train' (throughput and MFU per model, and the peer), 'decode' (the paper's pairs at
+each batch size, and the peer), 'prefill' and 'scaling'. See configs/bench/ for the fields.
+"""
+
+import datetime
+
+from ctr_jax.bench import machine, peer, suite
+
+SECTIONS = ('train', 'decode', 'prefill', 'scaling')
+DTYPES = ('float32', 'bfloat16')
+
+
+def validate(config) -> None:
+  """Raises ValueError naming the first bad field."""
+  sections = [s for s in config.sections.split(',') if s]
+  bad = sorted(set(sections) - set(SECTIONS))
+  if bad or not sections:
+    raise ValueError(f'bench.sections: got {config.sections!r}, allowed a comma-separated '
+                     f'subset of {list(SECTIONS)}')
+  if config.dtype not in DTYPES:
+    raise ValueError(f'bench.dtype: got {config.dtype!r}, allowed {list(DTYPES)}')
+  for field in ('warmup', 'repeats'):
+    if config[field] < 1:
+      raise ValueError(f'bench.{field}: got {config[field]}, must be >= 1')
+  if 'decode' in sections and any(b < 1 for b in config.decode.batches):
+    raise ValueError(f'bench.decode.batches: got {list(config.decode.batches)}, each must be >= 1')
+  for entry in config.train:
+    suite.model_config(_with_dtype(entry['model'], config.dtype))  # raises on a bad model field
+
+
+def _with_dtype(fields: dict, dtype: str) -> dict:
+  return {'dtype': dtype, **dict(fields)}
+
+
+def _label(fields: dict) -> str:
+  if fields.get('name'):
+    return fields['name']
+  prefix = 'd' if fields.get('kind', 'context_ready') == 'context_ready' else 't'
+  return f"{prefix}{fields['depth']}_c{fields['width']}"
+
+
+def _ratio(a: float, b: float):
+  return a / b if b > 0 else None
+
+
+def run(config, log=print) -> dict:
+  validate(config)
+  sections = config.sections.split(',')
+  reps = {'warmup': config.warmup, 'repeats': config.repeats}
+  info = machine.describe()
+  results = {'name': config.name, 'command': config.command, 'machine': info,
+             'machine_line': machine.summary_line(info), 'warmup': config.warmup,
+             'repeats': config.repeats, 'date': datetime.date.today().isoformat(),
+             'peak_dtype': config.dtype, 'peak_size': config.peak_size, 'notes': []}
+  log(f'bench {config.name}: {results["machine_line"]}')
+  results['peak_flops'] = machine.matmul_peak(config.dtype, config.peak_size, **reps)
+  results['bandwidth'] = machine.memory_bandwidth(config.bandwidth_mb, **reps)
+  log(f"  matmul peak {results['peak_flops'] / 1e9:.1f} GFLOP/s, "
+      f"bandwidth {results['bandwidth'] / 1e9:.1f} GB/s")
+  peer_missing = peer.available() if config.peer.enabled else 'PyTorch peer disabled'
+  if config.peer.enabled and peer_missing:
+    results['notes'].append(peer_missing)
+
+  if 'train' in sections:
+    results['train'] = []
+    for entry in config.train:
+      fields = _with_dtype(entry['model'], config.dtype)
+      row = suite.train_throughput(fields, seq_len=entry['seq_len'], batch=entry['batch'],
+                                   k_unroll=entry.get('k', 0), **reps)
+      row.update(label=entry.get('label') or _label(fields), k=entry.get('k', 0),
+                 seq_len=entry['seq_len'], batch=entry['batch'])
+      row['mfu'] = row['flops_per_token'] * row['tokens_per_second'] / results['peak_flops']
+      results['train'].append(row)
+      log(f"  train {row['label']} K={row['k']}: {row['tokens_per_second']:.0f} tokens/s, "
+          f"MFU {100 * row['mfu']:.1f}%")
+    if not peer_missing:
+      p = config.peer
+      row = peer.train_throughput(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
+                                  seq_len=p.seq_len, batch=p.batch, **reps)
+      # The peer does the same matmul work as our matched baseline (same C, N, T, V).
+      matched = next((t for t in results['train'] if t['label'] == p.matched_label), None)
+      flops = matched['flops_per_token'] if matched else None
+      row.update(label=f"HF GPT-2, torch {row['torch']} ({row['threads']} threads)", k=0,
+                 seq_len=p.seq_len, batch=p.batch, params=None,
+                 mfu=flops * row['tokens_per_second'] / results['peak_flops'] if flops else 0.0)
+      if matched:
+        matched['vs_peer'] = matched['tokens_per_second'] / row['tokens_per_second']
+      results['train'].append(row)
+      log(f"  train peer: {row['tokens_per_second']:.0f} tokens/s")
+
+  if 'decode' in sections:
+    d = config.decode
+    results['decode'], results['decode_pairs'] = [], []
+    by_key = {}
+    for pair in d.pairs:
+      for name in pair:
+        for batch in d.batches:
+          fields = _with_dtype({'name': name, 'vocab_size': d.vocab_size,
+                                'max_len': d.prompt_len + d.new_tokens + 1}, config.dtype)
+          row = suite.decode_latency(fields, batch=batch, prompt_len=d.prompt_len,
+                                     new_tokens=d.new_tokens, **reps)
+          row.update(label=name, batch=batch,
+                     roofline_ms=1e3 * row['bytes_per_step'] / results['bandwidth'],
+                     paper_ms=dict(d.paper_ms).get(name) if batch == 1 else None)
+          by_key[(name, batch)] = row
+          results['decode'].append(row)
+          log(f"  decode {name} B={batch}: {row['ms_per_token']:.2f} ms/token "
+              f"(roofline {row['roofline_ms']:.2f})")
+      crt, transformer = pair
+      for batch in d.batches:
+        paper = dict(d.paper_ms)
+        results['decode_pairs'].append({
+            'crt': crt, 'transformer': transformer, 'batch': batch,
+            'speedup': _ratio(by_key[(transformer, batch)]['ms_per_token'],
+                              by_key[(crt, batch)]['ms_per_token']),
+            'paper_speedup': paper[transformer] / paper[crt]
+                             if batch == 1 and crt in paper and transformer in paper else None})
+    if d.matched_model:
+      for batch in d.batches:
+        fields = _with_dtype(d.matched_model, config.dtype)
+        row = suite.decode_latency(fields, batch=batch, prompt_len=d.prompt_len,
+                                   new_tokens=d.new_tokens, **reps)
+        row.update(label=_label(fields) + ' (peer shape)', batch=batch,
+                   roofline_ms=1e3 * row['bytes_per_step'] / results['bandwidth'])
+        if not peer_missing:
+          p = config.peer
+          theirs = peer.decode_latency(width=p.width, depth=p.depth, heads=p.heads,
+                                       vocab=p.vocab, batch=batch, prompt_len=d.prompt_len,
+                                       new_tokens=d.new_tokens, **reps)
+          row['vs_peer'] = _ratio(theirs['ms_per_token'], row['ms_per_token'])
+          results['decode'].append(row)
+          results['decode'].append({'label': 'HF GPT-2 generate (peer shape)', 'batch': batch,
+                                    'params': None, 'ms_per_token': theirs['ms_per_token'],
+                                    'roofline_ms': row['roofline_ms']})
+        else:
+          results['decode'].append(row)
+        log(f"  decode {row['label']} B={batch}: {row['ms_per_token']:.2f} ms/token"
+            + (f", peer ÷ ours {row['vs_peer']:.2f}" if 'vs_peer' in row else ''))
+
+  if 'prefill' in sections:
+    p = config.prefill
+    fields = _with_dtype(p.model, config.dtype)
+    row = suite.prefill_comparison(fields, prompt_len=p.prompt_len, tolerance=p.tolerance, **reps)
+    row.update(label=_label(fields), prompt_len=p.prompt_len, tolerance=p.tolerance)
+    results['prefill'] = row
+    log(f"  prefill: sequential {row['sequential_ms']:.0f} ms, parallel {row['parallel_ms']:.0f}"
+        f" ms in {row['iterations']} passes, max |dlogit| {row['max_abs_logit_diff']:.2e}")
+
+  if 'scaling' in sections:
+    s = config.scaling
+    results['scaling'] = {'batch': s.batch}
+    train_fields = _with_dtype(s.train_model, config.dtype)
+    results['scaling']['train_label'] = _label(train_fields)
+    results['scaling']['train'] = suite.train_scaling(
+        train_fields, batch=s.batch, seq_lens=list(s.seq_lens), k_values=list(s.k_values), **reps)
+    decode_fields = _with_dtype(s.decode_model, config.dtype)
+    results['scaling']['decode_label'] = _label(decode_fields)
+    results['scaling']['decode'] = suite.decode_scaling(
+        decode_fields, contexts=list(s.contexts), new_tokens=s.new_tokens, **reps)
+    log(f"  scaling: K^{results['scaling']['train']['k_exponent']:.2f}, "
+        f"T^{results['scaling']['train']['t_exponent']:.2f}, "
+        f"decode context^{results['scaling']['decode']['exponent']:.2f}")
+  return results

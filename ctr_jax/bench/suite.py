@@ -1,0 +1,141 @@
+"""The JAX measurements: training step, decode step, prefill, and their scaling.
+
+Each function builds its model from a model-config dict (the fields of
+`ctr_jax.models.model_config`), times jitted work with `timing`, and returns a flat dict of
+numbers that `report` turns into table rows.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from ctr_jax import decode, losses, models, optim
+from ctr_jax.bench import timing
+
+
+def model_config(fields: dict):
+  return models.model_config(**dict(fields))
+
+
+def training_flops_per_token(spec, seq_len: int, k_unroll: int) -> float:
+  """Model FLOPs per trained token (forward + backward = 3x forward, no rematerialisation).
+
+  Forward per token: 2 x the matmul weights each token passes through, plus causal attention
+  counted as 4 T C per layer (scores and weighted sum over all T keys, the usual MFU
+  convention). A context-ready model runs its D-layer unit and its correction K times.
+  """
+  s = models.spec_of(spec)
+  c = s.width
+  layer = 2 * (4 * c * c + 2 * c * s.mlp_dim) + 4 * seq_len * c
+  head = 2 * s.vocab_size * c
+  if not s.is_context_ready:
+    return 3 * (s.depth * layer + head)
+  inference = models.flops_per_token(s)  # D*12C^2 + correction + V*C (weights only)
+  correction = inference - s.depth * (4 * c * c + 2 * c * s.mlp_dim) - s.vocab_size * c
+  return 3 * (k_unroll * (s.depth * layer + 2 * correction) + head)
+
+
+def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, warmup: int,
+                     repeats: int) -> dict:
+  """Tokens/s of the trainer's loss, AdamW and clipping in one jitted, donated step."""
+  cfg = model_config(fields)
+  model = models.build(cfg)
+  optim_config = ml_collections.ConfigDict({'lr': 1e-4, 'warmup_steps': 0, 'min_lr_ratio': 1.0,
+                                            'grad_clip': 1.0, 'b1': 0.9, 'b2': 0.95,
+                                            'eps': 1e-8, 'weight_decay': 0.1})
+  tx = optim.make_optimizer(optim_config, 1000)
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32))['params']
+  state = {'params': params, 'opt_state': tx.init(params)}
+  k = k_unroll if cfg.kind == 'context_ready' else None
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state, tokens):
+    loss_fn = lambda p: losses.model_loss(model, p, tokens, k_unroll=k)
+    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
+    updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+    return {'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}, loss
+
+  tokens = jax.random.randint(jax.random.key(1), (batch, seq_len + 1), 0, cfg.vocab_size)
+  holder = [state]
+
+  def run():
+    holder[0], loss = step(holder[0], tokens)
+    return loss
+
+  seconds = timing.median_seconds(run, warmup=warmup, repeats=repeats)
+  flops = training_flops_per_token(cfg, seq_len, k or 1)
+  return {'step_ms': 1e3 * seconds, 'tokens_per_second': batch * seq_len / seconds,
+          'flops_per_token': flops, 'params': models.count_params(params)}
+
+
+def decode_bytes_per_step(spec, params, batch: int, context: float) -> float:
+  """Bytes a decode step must read at least: every weight once (the embedding table only for
+  the B looked-up rows unless it is also the head) plus the KV cache of `context` positions."""
+  s = models.spec_of(spec)
+  itemsize = jnp.dtype(s.param_dtype).itemsize
+  weights = models.count_params(params)
+  if not s.tie_embeddings:
+    weights -= s.vocab_size * s.width - batch * s.width
+  cache = 2 * s.depth * context * s.num_kv_heads * s.head_dim * batch
+  return itemsize * weights + jnp.dtype(s.dtype).itemsize * cache
+
+
+def decode_latency(fields: dict, *, batch: int, prompt_len: int, new_tokens: int, warmup: int,
+                   repeats: int) -> dict:
+  """Marginal ms per generated position (one token for each of the B sequences), greedy."""
+  cfg = model_config(fields)
+  model = models.build(cfg)
+  variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 0, cfg.vocab_size)
+  run = lambda n: decode.generate(model, variables, prompt, n, jax.random.key(2))
+  seconds = timing.per_item_seconds(run, 1, 1 + new_tokens, warmup=warmup, repeats=repeats)
+  context = prompt_len + new_tokens / 2
+  return {'ms_per_token': 1e3 * seconds,
+          'bytes_per_step': decode_bytes_per_step(cfg, variables['params'], batch, context),
+          'params': models.count_params(variables)}
+
+
+def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmup: int,
+                       repeats: int, params=None) -> dict:
+  """Sequential prefill (position scan) vs parallel prefill (fixed-point to `tolerance`)."""
+  cfg = model_config(fields)
+  model = models.build(cfg)
+  if params is None:
+    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
+  variables = {'params': params}
+  prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 0, cfg.vocab_size)
+  length = prompt_len + 1
+  sequential = lambda: decode.prefill(model, variables, prompt, length)[0]
+  parallel = lambda: decode.parallel_prefill(model, variables, prompt, length, tolerance)
+  t_seq = timing.median_seconds(sequential, warmup=warmup, repeats=repeats)
+  t_par = timing.median_seconds(parallel, warmup=warmup, repeats=repeats)
+  logits, _, iterations = parallel()
+  diff = float(jnp.max(jnp.abs(logits - sequential())))
+  return {'sequential_ms': 1e3 * t_seq, 'parallel_ms': 1e3 * t_par, 'speedup': t_seq / t_par,
+          'iterations': int(iterations), 'max_abs_logit_diff': diff}
+
+
+def train_scaling(fields: dict, *, batch: int, seq_lens, k_values, warmup: int,
+                  repeats: int) -> dict:
+  """Step time against K (at the largest T) and against T (at the largest K)."""
+  t_fixed, k_fixed = max(seq_lens), max(k_values)
+  by_k = {k: train_throughput(fields, seq_len=t_fixed, batch=batch, k_unroll=k, warmup=warmup,
+                              repeats=repeats)['step_ms'] for k in k_values}
+  by_t = {t: train_throughput(fields, seq_len=t, batch=batch, k_unroll=k_fixed, warmup=warmup,
+                              repeats=repeats)['step_ms'] for t in seq_lens}
+  return {'by_k': by_k, 'by_t': by_t, 't_fixed': t_fixed, 'k_fixed': k_fixed,
+          'k_exponent': timing.power_law_exponent(list(by_k), list(by_k.values())),
+          't_exponent': timing.power_law_exponent(list(by_t), list(by_t.values()))}
+
+
+def decode_scaling(fields: dict, *, contexts, new_tokens: int, warmup: int, repeats: int) -> dict:
+  """Batch-1 decode ms/token against the context (prompt) length."""
+  by_context = {n: decode_latency(fields, batch=1, prompt_len=n, new_tokens=new_tokens,
+                                  warmup=warmup, repeats=repeats)['ms_per_token']
+                for n in contexts}
+  return {'by_context': by_context,
+          'exponent': timing.power_law_exponent(list(by_context), list(by_context.values()))}
+

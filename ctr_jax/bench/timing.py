@@ -1,0 +1,38 @@
+"""Wall-clock medians of jitted work (outputs are blocked on, so async dispatch is counted)."""
+
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+
+
+def median_seconds(fn: Callable[[], Any], *, warmup: int, repeats: int) -> float:
+  """Median wall time of `fn()` over `repeats` runs after `warmup` (>= 1) untimed ones."""
+  for _ in range(max(warmup, 1)):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(max(repeats, 1)):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def per_item_seconds(run: Callable[[int], Any], small: int, large: int, *, warmup: int,
+                     repeats: int) -> float:
+  """Marginal seconds per item: (t(large) - t(small)) / (large - small).
+
+  Used for decode latency: the difference of two generation lengths cancels the prefill and
+  the fixed per-call overhead.
+  """
+  t_small = median_seconds(lambda: run(small), warmup=warmup, repeats=repeats)
+  t_large = median_seconds(lambda: run(large), warmup=warmup, repeats=repeats)
+  return max(t_large - t_small, 0.0) / (large - small)
+
+
+def power_law_exponent(xs, ys) -> float:
+  """Least-squares slope of log y against log x: y ~ x^slope."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
+  return float(np.polyfit(lx, ly, 1)[0])
