@@ -5,8 +5,7 @@ transformers). Without it the peer rows are skipped with a note, not an error. D
 threads = all cores (torch's default), AdamW, and `generate` with the KV cache, greedy.
 """
 
-import statistics
-import time
+from ctr_jax.bench import timing
 
 
 def available() -> str:
@@ -17,17 +16,6 @@ def available() -> str:
   except ImportError as e:
     return f'PyTorch peer skipped: {e} (pip install -e ".[bench]")'
   return ''
-
-
-def _median_seconds(fn, warmup: int, repeats: int) -> float:
-  for _ in range(max(warmup, 1)):
-    fn()
-  times = []
-  for _ in range(max(repeats, 1)):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 
 def _model(width: int, depth: int, heads: int, vocab: int, max_len: int):
@@ -57,7 +45,7 @@ def train_throughput(*, width: int, depth: int, heads: int, vocab: int, seq_len:
     opt.step()
     opt.zero_grad(set_to_none=True)
 
-  seconds = _median_seconds(step, warmup, repeats)
+  seconds = timing.median_seconds(step, warmup=warmup, repeats=repeats)
   return {'step_ms': 1e3 * seconds, 'tokens_per_second': batch * seq_len / seconds,
           'threads': torch.get_num_threads(), 'torch': torch.__version__}
 
@@ -76,6 +64,5 @@ def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int
       model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                      do_sample=False, use_cache=True, pad_token_id=0)
 
-  t_small = _median_seconds(lambda: run(1), warmup, repeats)
-  t_large = _median_seconds(lambda: run(1 + new_tokens), warmup, repeats)
-  return {'ms_per_token': 1e3 * max(t_large - t_small, 0.0) / new_tokens}
+  seconds = timing.per_item_seconds(run, 1, 1 + new_tokens, warmup=warmup, repeats=repeats)
+  return {'ms_per_token': 1e3 * seconds}

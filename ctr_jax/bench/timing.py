@@ -5,6 +5,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 
 def median_seconds(fn: Callable[[], Any], *, warmup: int, repeats: int) -> float:
@@ -33,6 +34,5 @@ def per_item_seconds(run: Callable[[int], Any], small: int, large: int, *, warmu
 
 def power_law_exponent(xs, ys) -> float:
   """Least-squares slope of log y against log x: y ~ x^slope."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
   return float(np.polyfit(lx, ly, 1)[0])
