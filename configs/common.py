@@ -24,6 +24,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.data.manual_dir = ''         # raw archives for openwebtext / wikipedia
   c.data.seq_len = 256           # T, the paper's "block size"
   c.data.hops = 3                # pointer_chasing only: number of table levels H
+  c.data.entry_targets = False   # pointer_chasing only: helper targets on index-table entries
 
   c.batch_size = 64              # global batch (split over processes and data/fsdp devices)
   c.total_steps = 100_000

@@ -2,11 +2,13 @@
 
   python scripts/pointer_chasing_sweep.py --hops=3 --steps=5000
   python scripts/pointer_chasing_sweep.py --hops=10 --steps=5000 --models=t1,t5,t9,t11,d1_bptt
+  python scripts/pointer_chasing_sweep.py --hops=3 --entry_targets --models=d1_bptt  # helpers
   python scripts/pointer_chasing_sweep.py --hops=3 --report_only   # re-read finished runs
 
 Each model is one `python -m ctr_jax.main --config=configs/pointer_chasing.py:...` run in its own
 workdir under --root, so an interrupted sweep resumes where it stopped. Results for other hop
-counts already in docs/pointer_chasing.json are kept.
+counts already in docs/pointer_chasing.json are kept, and so is everything in
+docs/pointer_chasing.md below the NOTES_MARKER line (hand-written notes on the runs).
 """
 
 import json
@@ -30,6 +32,10 @@ flags.DEFINE_string('root', os.path.join(ROOT, 'workdirs', 'pointer_chasing'), '
 flags.DEFINE_string('docs', os.path.join(ROOT, 'docs'), 'Where the report goes.')
 flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
 flags.DEFINE_string('extra', '', 'Extra flags for every run, e.g. "--config.batch_size=32".')
+flags.DEFINE_bool('entry_targets', False, 'Train with the helper targets on index-table entries '
+                  '(configs/pointer_chasing.py arg entry_targets=1); evaluation is unchanged.')
+
+NOTES_MARKER = '<!-- notes: kept by scripts/pointer_chasing_sweep.py -->'
 
 
 def machine() -> str:
@@ -52,8 +58,9 @@ def sweep_models(hops: int) -> list[str]:
   return names
 
 
-def run(name: str, hops: int, steps: int, root: str) -> dict | None:
-  workdir = os.path.join(root, f'h{hops}_{name}')
+def run(name: str, hops: int, steps: int, root: str, entry_targets: bool) -> dict | None:
+  workdir = os.path.join(root, f'h{hops}_{name}' + ('_entry' if entry_targets else ''))
+  arg = f'hops={hops},model={name},steps={steps}' + (',entry_targets=1' if entry_targets else '')
   summary_path = os.path.join(workdir, 'summary.json')
   if not FLAGS.report_only:
     done = False
@@ -62,7 +69,7 @@ def run(name: str, hops: int, steps: int, root: str) -> dict | None:
         done = json.load(f).get('step') == steps
     if not done:
       cmd = [sys.executable, '-m', 'ctr_jax.main',
-             f'--config=configs/pointer_chasing.py:hops={hops},model={name},steps={steps}',
+             f'--config=configs/pointer_chasing.py:{arg}',
              f'--workdir={workdir}', *FLAGS.extra.split()]
       print('+', ' '.join(cmd), flush=True)
       subprocess.run(cmd, cwd=ROOT, check=False)
@@ -71,18 +78,23 @@ def run(name: str, hops: int, steps: int, root: str) -> dict | None:
   with open(summary_path) as f:
     s = json.load(f)
   depth = int(re.search(r'\d+', name)[0])
-  return {'model': name, 'hops': hops, 'steps': s['step'], 'depth': depth,
+  return {'model': name, 'hops': hops, 'entry_targets': entry_targets, 'steps': s['step'],
+          'depth': depth,
           'kind': 'transformer' if name.startswith('t') else 'context_ready',
           'level_accuracy': s['level_accuracy'], 'final_query_accuracy': s['final_query_accuracy'],
           'table_key_accuracy': s['table_key_accuracy'], 'levels_solved': s['levels_solved'],
           'train_loss': s.get('train_loss'), 'wall_time_seconds': s.get('wall_time_seconds'),
           'eval_examples': s.get('eval_examples'),
-          'command': (f'python -m ctr_jax.main --config=configs/pointer_chasing.py:hops={hops},'
-                      f'model={name},steps={steps} --workdir=DIR')}
+          'command': f'python -m ctr_jax.main --config=configs/pointer_chasing.py:{arg} --workdir=DIR'}
+
+
+def _key(r):
+  return r['model'], r['hops'], r.get('entry_targets', False)
 
 
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
-  runs = sorted(runs, key=lambda r: (r['hops'], r['kind'] != 'transformer', r['depth'], r['model']))
+  runs = sorted(runs, key=lambda r: (r['hops'], r.get('entry_targets', False),
+                                     r['kind'] != 'transformer', r['depth'], r['model']))
   with open(os.path.join(docs, 'pointer_chasing.json'), 'w') as f:
     json.dump(runs, f, indent=2)
   lines = ['# Pointer chasing: the depth staircase', '',
@@ -90,7 +102,9 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            'accuracy on the query section of each level (L0 needs one base lookup, Lk needs k',
            'index lookups more), on the final query and on table keys, measured on 1,024 fresh',
            'examples (chance 1/16). A level counts as solved above 90%. CRT models are evaluated',
-           'with the exact sequential scan.', '', f'Machine: {machine_text}', '']
+           'with the exact sequential scan. Rows marked "+ entry" were trained with the helper',
+           'targets on index-table entries (`entry_targets=1`); their evaluation is the same.', '',
+           f'Machine: {machine_text}', '']
   for hops in sorted({r['hops'] for r in runs}):
     rows = [r for r in runs if r['hops'] == hops]
     levels = [f'L{i}' for i in range(hops)]
@@ -101,13 +115,19 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
     for r in rows:
       acc = ' | '.join(f"{r['level_accuracy'][l]:.3f}" for l in levels)
       wall = f"{r['wall_time_seconds'] / 60:.1f} min" if r['wall_time_seconds'] else '?'
-      lines.append(f"| {r['model']} | {acc} | {r['final_query_accuracy']:.3f} | "
+      name = r['model'] + (' + entry' if r.get('entry_targets') else '')
+      lines.append(f"| {name} | {acc} | {r['final_query_accuracy']:.3f} | "
                    f"{r['table_key_accuracy']:.3f} | {r['levels_solved']}/{hops} | {r['steps']} | "
                    f"{r['train_loss']:.3f} | {wall} |")
     lines.append('')
-  lines += ['![staircase](pointer_chasing.png)', '']
-  with open(os.path.join(docs, 'pointer_chasing.md'), 'w') as f:
-    f.write('\n'.join(lines))
+  lines += ['![staircase](pointer_chasing.png)', '', NOTES_MARKER]
+  path = os.path.join(docs, 'pointer_chasing.md')
+  notes = ''
+  if os.path.exists(path):
+    with open(path) as f:
+      notes = f.read().partition(NOTES_MARKER)[2]
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines) + (notes or '\n'))
   _plot(runs, os.path.join(docs, 'pointer_chasing.png'))
 
 
@@ -117,14 +137,16 @@ def _plot(runs, path):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
   for hops in sorted({r['hops'] for r in runs}):
-    ts = sorted((r['depth'], r['levels_solved']) for r in runs
-                if r['hops'] == hops and r['kind'] == 'transformer')
-    if ts:
-      ax.plot(*zip(*ts), 'o-', label=f'transformer, H={hops}')
-    for r in runs:
-      if r['hops'] == hops and r['kind'] == 'context_ready':
-        ax.scatter([r['depth']], [r['levels_solved']], marker='*', s=150,
-                   label=f"CRT {r['model']}, H={hops}")
+    for entry in (False, True):
+      suffix = ', entry targets' if entry else ''
+      mine = [r for r in runs if r['hops'] == hops and r.get('entry_targets', False) == entry]
+      ts = sorted((r['depth'], r['levels_solved']) for r in mine if r['kind'] == 'transformer')
+      if ts:
+        ax.plot(*zip(*ts), 'o-', label=f'transformer, H={hops}{suffix}')
+      for r in mine:
+        if r['kind'] == 'context_ready':
+          ax.scatter([r['depth']], [r['levels_solved']], marker='*', s=150,
+                     label=f"CRT {r['model']}, H={hops}{suffix}")
   ax.set_xlabel('layers (N for transformers, D for the context-ready model)')
   ax.set_ylabel('levels solved (> 90%)')
   ax.grid(alpha=0.3)
@@ -137,14 +159,14 @@ def _plot(runs, path):
 def main(argv):
   del argv
   names = FLAGS.models.split(',') if FLAGS.models else sweep_models(FLAGS.hops)
-  results = [r for r in (run(n, FLAGS.hops, FLAGS.steps, FLAGS.root) for n in names) if r]
+  results = [r for r in (run(n, FLAGS.hops, FLAGS.steps, FLAGS.root, FLAGS.entry_targets)
+                         for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')
   previous = []
   if os.path.exists(report):
     with open(report) as f:
       previous = json.load(f)
-  keep = [r for r in previous if (r['model'], r['hops']) not in {(x['model'], x['hops'])
-                                                                 for x in results}]
+  keep = [r for r in previous if _key(r) not in {_key(x) for x in results}]
   os.makedirs(FLAGS.docs, exist_ok=True)
   write_report(keep + results, FLAGS.docs, machine())
   print(f'wrote {FLAGS.docs}/pointer_chasing.md ({len(keep + results)} runs)')

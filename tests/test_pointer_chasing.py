@@ -8,11 +8,12 @@ from ctr_jax import pointer_eval
 from ctr_jax.data import pointer_chasing as pc
 
 
-def read_example(tokens, hops):
+def read_example(tokens, hops, entry_targets=False):
   """Parses one example with plain dicts, knowing only the documented format.
 
   Returns (tables, expected) where tables[L] maps each level-L key token to the token it points
-  at, and expected[t] is the resolved value token at every key position (None elsewhere).
+  at, and expected[t] is the resolved value token at every key position (None elsewhere); with
+  entry_targets also at the target side of index-table entries.
   """
   tokens = [int(t) for t in tokens]
   first_value = 4 + 8 * hops
@@ -37,6 +38,8 @@ def read_example(tokens, hops):
     tables.append(table)
     for key, key_pos in key_positions.items():
       expected[key_pos] = resolve(level, key)
+      if entry_targets and level:
+        expected[key_pos - 2] = resolve(level - 1, tokens[key_pos - 2])
     queried = []
     for _ in range(8):
       assert tokens[pos] == 1 and tokens[pos + 1] in level_keys
@@ -52,14 +55,15 @@ def read_example(tokens, hops):
   return tables, expected
 
 
-@pytest.mark.parametrize('hops', [1, 2, 3, 5, 10])
-def test_generator_agrees_with_an_independent_reader(hops):
-  tokens, targets = pc.batch(hops, 100, seed=hops)
+@pytest.mark.parametrize('hops,entry_targets', [(1, False), (2, False), (3, False), (5, False),
+                                                (10, False), (1, True), (4, True)])
+def test_generator_agrees_with_an_independent_reader(hops, entry_targets):
+  tokens, targets = pc.batch(hops, 100, seed=hops, entry_targets=entry_targets)
   assert tokens.dtype == targets.dtype == np.int32
   assert tokens.shape == targets.shape == (100, 42 * hops + 2)
   final_keys = set()
   for row_tokens, row_targets in zip(tokens, targets):
-    tables, expected = read_example(row_tokens, hops)
+    tables, expected = read_example(row_tokens, hops, entry_targets)
     np.testing.assert_array_equal(row_targets, [-1 if e is None else e for e in expected])
     # Index tables are permutations: each lower-level key is pointed at exactly once.
     for level in range(1, hops):
@@ -120,17 +124,23 @@ def test_token_layout():
     pc.seq_len(0)
 
 
-@pytest.mark.parametrize('hops', [1, 4])
-def test_position_labels_mark_exactly_the_targets(hops):
+@pytest.mark.parametrize('hops,entry_targets', [(1, False), (4, False), (3, True)])
+def test_position_labels_mark_exactly_the_targets(hops, entry_targets):
   labels = pc.position_labels(hops)
-  tokens, targets = pc.batch(hops, 16, seed=2)
+  tokens, targets = pc.batch(hops, 16, seed=2, entry_targets=entry_targets)
+  plain = pc.batch(hops, 16, seed=2)
+  np.testing.assert_array_equal(tokens, plain[0])  # helpers change targets, never tokens
   has_target = targets >= 0
-  assert np.all(has_target == (labels.kind != pc.NONE)[None])
+  labelled = labels.kind != pc.NONE
+  if not entry_targets:
+    labelled &= labels.kind != pc.ENTRY_TARGET
+  assert np.all(has_target == labelled[None])
   # Every labelled position holds a key of the labelled level.
   key_levels = (tokens - 4) // 8
   assert np.all(key_levels[:, has_target[0]] == labels.level[has_target[0]][None])
-  counts = np.bincount(labels.kind, minlength=4)
+  counts = np.bincount(labels.kind, minlength=5)
   assert counts[pc.TABLE_KEY] == counts[pc.QUERY_KEY] == 8 * hops and counts[pc.FINAL_QUERY] == 1
+  assert counts[pc.ENTRY_TARGET] == 8 * (hops - 1)
   assert labels.level[-1] == hops - 1
 
 

@@ -50,8 +50,10 @@ QUERY_LEN = 2 * NUM_KEYS + 1   # `QUERY key` pairs and '|'
 LEVEL_LEN = TABLE_LEN + QUERY_LEN
 IGNORE = -1                    # target at positions without one
 
-# Section kinds of a target position (see `position_labels`).
-NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY = 0, 1, 2, 3
+# Section kinds of a target position (see `position_labels`). ENTRY_TARGET positions (the
+# target side of an index-table entry, a key of the level below) only carry a target with
+# entry_targets=True, an optional helper that supervises each lookup of the chain on its own.
+NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY, ENTRY_TARGET = 0, 1, 2, 3, 4
 
 # Seed of the evaluation stream; negative so that no training seed (>= 0) can produce it.
 EVAL_SEED = -1
@@ -91,7 +93,8 @@ def value_token(hops: int, value):
 class PositionLabels(NamedTuple):
   """What each position of a `hops`-level sequence is, identical for every example.
 
-  kind:  int32 [T]: NONE, TABLE_KEY, QUERY_KEY or FINAL_QUERY (the positions with a target).
+  kind:  int32 [T]: NONE, TABLE_KEY, QUERY_KEY or FINAL_QUERY (the positions with a target),
+         ENTRY_TARGET (a target only with entry_targets=True).
   level: int32 [T]: table level of the key at that position (-1 where kind is NONE).
   """
   kind: np.ndarray
@@ -109,6 +112,8 @@ def position_labels(hops: int) -> PositionLabels:
     query_keys = start + TABLE_LEN + 2 * np.arange(NUM_KEYS) + 1
     kind[table_keys], kind[query_keys] = TABLE_KEY, QUERY_KEY
     level[table_keys], level[query_keys] = lvl, lvl
+    if lvl:
+      kind[table_keys - 2], level[table_keys - 2] = ENTRY_TARGET, lvl - 1
   kind[-1], level[-1] = FINAL_QUERY, hops - 1
   return PositionLabels(kind, level)
 
@@ -141,7 +146,8 @@ def _uniforms(keys: np.ndarray, count: int) -> np.ndarray:
   return (_splitmix(states) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _generate(hops: int, seed: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _generate(hops: int, seed: int, indices: np.ndarray,
+              entry_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each."""
   b, k = len(indices), NUM_KEYS
   u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1)
@@ -164,7 +170,11 @@ def _generate(hops: int, seed: int, indices: np.ndarray) -> tuple[np.ndarray, np
     if lvl == 0:
       pointed = value_token(hops, np.take_along_axis(base_values, keys, axis=1))
     else:
-      pointed = key_token(lvl - 1, np.take_along_axis(perms[:, lvl - 1], keys, axis=1))
+      pointed_keys = np.take_along_axis(perms[:, lvl - 1], keys, axis=1)
+      pointed = key_token(lvl - 1, pointed_keys)
+      if entry_targets:
+        targets[:, start:start + 3 * k:3] = value_token(
+            hops, np.take_along_axis(resolved[lvl - 1], pointed_keys, axis=1))
     entries = tokens[:, start:start + 3 * k].reshape(b, k, 3)
     entries[..., 0], entries[..., 1], entries[..., 2] = pointed, EQUALS, key_token(lvl, keys)
     targets[:, start + 2:start + 3 * k:3] = value_token(
@@ -184,15 +194,22 @@ def _generate(hops: int, seed: int, indices: np.ndarray) -> tuple[np.ndarray, np
   return tokens, targets
 
 
-def sample(hops: int, seed: int, index: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """Example `index` of stream `seed`: (tokens, targets), int32 [T] each (targets -1 off keys)."""
+def sample(hops: int, seed: int, index: int = 0,
+           entry_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """Example `index` of stream `seed`: (tokens, targets), int32 [T] each (targets -1 off keys).
+
+  entry_targets: also give the target side of each index-table entry (a key of the level
+    below) its resolved value; see ENTRY_TARGET. Tokens do not change.
+  """
   if index < 0:
     raise ValueError(f'index must be >= 0, got {index}')
-  tokens, targets = _generate(_check_hops(hops), seed, np.array([index], np.int64))
+  tokens, targets = _generate(_check_hops(hops), seed, np.array([index], np.int64),
+                              entry_targets)
   return tokens[0], targets[0]
 
 
-def batch(hops: int, batch_size: int, seed: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def batch(hops: int, batch_size: int, seed: int, start: int = 0,
+          entry_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """Examples start .. start + batch_size - 1 of stream `seed`: int32 [B, T] tokens, targets.
 
   A trainer can take step s as `batch(hops, B, seed, start=s * B)`: one endless stream, no
@@ -201,7 +218,7 @@ def batch(hops: int, batch_size: int, seed: int, start: int = 0) -> tuple[np.nda
   if batch_size < 1 or start < 0:
     raise ValueError(f'need batch_size >= 1 and start >= 0, got {batch_size} and {start}')
   indices = np.arange(start, start + batch_size, dtype=np.int64)
-  return _generate(_check_hops(hops), seed, indices)
+  return _generate(_check_hops(hops), seed, indices, entry_targets)
 
 
 class PointerChasingSource:
@@ -210,8 +227,9 @@ class PointerChasingSource:
   Record i is `{'tokens': int32 [T], 'targets': int32 [T]}` = `sample(hops, seed, i)`.
   """
 
-  def __init__(self, hops: int, num_examples: int, seed: int):
+  def __init__(self, hops: int, num_examples: int, seed: int, entry_targets: bool = False):
     self.hops = _check_hops(hops)
+    self.entry_targets = bool(entry_targets)
     if num_examples < 1:
       raise ValueError(f'num_examples must be >= 1, got {num_examples}')
     self.num_examples = int(num_examples)
@@ -223,12 +241,13 @@ class PointerChasingSource:
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     if not -self.num_examples <= index < self.num_examples:
       raise IndexError(f'index {index} out of range for {self.num_examples} examples')
-    tokens, targets = sample(self.hops, self.seed, int(index) % self.num_examples)
+    tokens, targets = sample(self.hops, self.seed, int(index) % self.num_examples,
+                             self.entry_targets)
     return {'tokens': tokens, 'targets': targets}
 
   def __repr__(self) -> str:
     return (f'PointerChasingSource(hops={self.hops}, num_examples={self.num_examples}, '
-            f'seed={self.seed})')
+            f'seed={self.seed}, entry_targets={self.entry_targets})')
 
 
 # ------------------------------------------------------------------------------------------------
@@ -266,7 +285,8 @@ def format_example(tokens, targets) -> str:
   lines = [f'pointer chasing: hops={hops}, T={len(tokens)}, {int(np.sum(targets >= 0))} targets']
   for lvl in range(hops):
     start = LEVEL_LEN * lvl
-    entries = [f'{name(tokens[i])}{name(tokens[i + 1])}{name(tokens[i + 2])}{resolved(i + 2)}'
+    entries = [f'{name(tokens[i])}{resolved(i)}{name(tokens[i + 1])}{name(tokens[i + 2])}'
+               f'{resolved(i + 2)}'
                for i in range(start, start + 3 * NUM_KEYS, 3)]
     lines.append(f'L{lvl} table: ' + ' '.join(entries + [name(tokens[start + 3 * NUM_KEYS])]))
     start += TABLE_LEN
