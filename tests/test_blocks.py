@@ -89,6 +89,27 @@ def test_rope_linear_factor_divides_positions():
                              layers.rope(x, pos, 100.0), rtol=1e-5, atol=1e-6)
 
 
+def test_integer_rope_spins_pair_j_by_j_radians_per_position():
+  x = jax.random.normal(jax.random.key(5), (1, 3, 1, 8))
+  pos = jnp.array([0, 1, 5])
+  y = np.asarray(layers.rope(x, pos, 1.0, integer=True))
+  xc = np.asarray(x[..., :4]) + 1j * np.asarray(x[..., 4:])   # pair (j, j + 4) as a complex
+  expected = xc * np.exp(1j * np.asarray(pos)[None, :, None, None] * np.arange(4))
+  np.testing.assert_allclose(y[..., :4] + 1j * y[..., 4:], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_integer_rope_model_decodes_like_its_parallel_forward():
+  cfg = models.model_config(kind='context_ready', vocab_size=13, width=16, depth=1, num_heads=2,
+                            max_len=8, positions='rope_integer')
+  model = models.build(cfg)
+  tokens = jax.random.randint(jax.random.key(6), (2, 6), 0, 13)
+  variables = model.init(jax.random.key(7), tokens)
+  full = model.apply(variables, tokens, k_unroll=7)
+  assert max_abs_diff(full, decode.sequential_logits(model, variables, tokens)) <= 1e-4
+  ladder = models.build(models.model_config(**{**cfg.to_dict(), 'positions': 'rope'}))
+  assert max_abs_diff(full, ladder.apply(variables, tokens, k_unroll=7)) > 1e-3
+
+
 def test_moe_routing_is_mixtral_top_k():
   logits = jax.random.normal(jax.random.key(4), (5, 6))
   gates = np.asarray(layers.moe_gates(logits, 2))

@@ -17,7 +17,7 @@ CORRECTIONS = ('add', 'token_blind', 'concat', 'none', 'tied')
 INITS = ('torch', 'normal')
 DTYPES = ('float32', 'bfloat16', 'float64', 'float16')
 TRAIN_MODES = ('unroll', 'bptt')
-POSITIONS = ('rope', 'learned')
+POSITIONS = ('rope', 'rope_integer', 'learned')
 ACTIVATIONS = ('', 'gelu', 'gelu_tanh', 'silu', 'relu')
 LAYER_TYPES = ('sliding_attention', 'full_attention')
 
@@ -98,7 +98,8 @@ def default_model_config() -> ml_collections.ConfigDict:
   c.experts_per_token = 2
   c.tie_embeddings = False
   # Fields real checkpoints need (see ctr_jax/hf.py); the defaults keep every family as before.
-  c.positions = 'rope'        # 'rope' | 'learned' (GPT-2's absolute position table, max_len rows)
+  c.positions = 'rope'        # 'rope' | 'rope_integer' (angle position * j for pair j, as the
+                              # author's code) | 'learned' (GPT-2's position table, max_len rows)
   c.activation = ''           # '' = family default: gpt 'gelu' (erf), gemma 'gelu_tanh',
                               # llama/moe 'silu', falcon 'gelu'; or 'relu'
   c.layer_types = ()          # per layer 'sliding_attention' | 'full_attention' (Gemma 3);
@@ -193,7 +194,7 @@ def _validate_family_fields(cfg) -> None:
          'must be >= 0 (0 = head_dim)')
   _check(get('embed_scale') >= 0, 'embed_scale', 'must be >= 0 (0 = family default)')
   _check(get('parallel_norms') in (1, 2), 'parallel_norms', 'must be 1 or 2')
-  _check(get('positions') == 'rope' or cfg.block == 'gpt', 'positions',
+  _check(get('positions') != 'learned' or cfg.block == 'gpt', 'positions',
          f"'learned' positions are only wired into the 'gpt' block, got block={cfg.block!r}")
 
 

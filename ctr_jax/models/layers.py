@@ -134,14 +134,21 @@ def embed_scale(spec: ModelSpec) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
-def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0) -> jax.Array:
+def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0,
+         integer: bool = False) -> jax.Array:
   """Rotates pairs (i, i + Dh/2) of x [B, T, H, Dh] by angle position * base^(-2i/Dh) / factor.
 
-  `factor` is linear RoPE scaling. Angles are float32 (float64 for a float64 model).
+  `factor` is linear RoPE scaling. `integer` uses angle position * i instead (base unused): the
+  author's code (reference 1.5), whose pairs spin at 0, 1, 2, ... radians per position; which
+  dimensions form a pair does not matter to the model, so only the frequencies differ.
+  Angles are float32 (float64 for a float64 model).
   """
   dtype = accumulation_dtype(x.dtype)
   half = x.shape[-1] // 2
-  inv_freq = base ** (-jnp.arange(half, dtype=dtype) / half)
+  if integer:
+    inv_freq = jnp.arange(half, dtype=dtype)
+  else:
+    inv_freq = base ** (-jnp.arange(half, dtype=dtype) / half)
   if factor != 1.0:
     inv_freq = inv_freq / factor
   angles = positions.astype(dtype)[..., None] * inv_freq  # [B, T, Dh/2] or [T, Dh/2]
@@ -231,7 +238,7 @@ class Attention(nn.Module):
   Query head h reads key/value head h // (H / G), the grouping of Hugging Face's repeat_kv.
   `rope_base` 0 means spec.rope_base; `scale` 0 means Dh^-0.5; `qk_norm` 'gemma' or 'llama'
   normalises each query and key head (RMSNorm over Dh) before the rotation. No rotation at all
-  with spec.positions == 'learned'.
+  with spec.positions == 'learned'; 'rope_integer' uses the author's integer angles.
   """
   spec: ModelSpec
   use_bias: bool = True
@@ -256,10 +263,10 @@ class Attention(nn.Module):
       gemma_style = self.qk_norm == 'gemma'
       q = RMSNorm(s, offset=gemma_style, name='q_norm')(q)
       k = RMSNorm(s, offset=gemma_style, name='k_norm')(k)
-    if s.positions == 'rope':
-      base = self.rope_base or s.rope_base
-      q = rope(q, positions, base, self.rope_factor)
-      k = rope(k, positions, base, self.rope_factor)
+    if s.positions != 'learned':
+      base, integer = self.rope_base or s.rope_base, s.positions == 'rope_integer'
+      q = rope(q, positions, base, self.rope_factor, integer)
+      k = rope(k, positions, base, self.rope_factor, integer)
     query_pos = jnp.broadcast_to(positions, (b, t))
     if cache is None:
       mask = attention_mask(query_pos, query_pos, self.window)
