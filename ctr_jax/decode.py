@@ -101,14 +101,20 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
 
 
 def sample_logits(logits: jax.Array, rng, temperature, top_k: int = 0) -> jax.Array:
-  """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k."""
-  greedy = jnp.argmax(logits, axis=-1)
-  scaled = logits / jnp.maximum(temperature, 1e-6)
-  if top_k:
-    kth = jax.lax.top_k(scaled, top_k)[0][..., -1:]
-    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
-  sampled = jax.random.categorical(rng, scaled, axis=-1)
-  return jnp.where(temperature > 0, sampled, greedy).astype(jnp.int32)
+  """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k.
+
+  A `cond`, not a select of both: drawing the Gumbel noise over V logits costs more than a
+  whole small decode step on a CPU, and greedy decoding never needs it.
+  """
+  def sample():
+    scaled = logits / jnp.maximum(temperature, 1e-6)
+    if top_k:
+      kth = jax.lax.top_k(scaled, top_k)[0][..., -1:]
+      scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+    return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
+
+  greedy = lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jax.lax.cond(jnp.asarray(temperature) > 0, sample, greedy)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 6))

@@ -96,6 +96,17 @@ def test_sampling_respects_top_k_and_seed():
   c = decode.generate(model, variables, prompt, 5, jax.random.key(2), temperature=5.0)
   np.testing.assert_array_equal(b, c)
   assert int(b.max()) < model.spec.vocab_size
+  assert not np.array_equal(b, greedy)  # a hot sampler really samples
+
+
+def test_sample_logits_draws_from_the_softmax_and_argmax_when_cold():
+  logits = jnp.broadcast_to(jnp.log(jnp.array([1.0, 3.0, 0.0])), (20000, 3))
+  draws = np.asarray(decode.sample_logits(logits, jax.random.key(0), 1.0))
+  np.testing.assert_allclose(np.bincount(draws, minlength=3) / 20000, [0.25, 0.75, 0.0],
+                             atol=0.015)
+  assert (np.asarray(decode.sample_logits(logits, jax.random.key(0), 0.0)) == 1).all()
+  sharp = np.asarray(decode.sample_logits(logits, jax.random.key(1), 0.5))  # p ∝ w^2: 0.9
+  assert abs((sharp == 1).mean() - 0.9) < 0.015
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
