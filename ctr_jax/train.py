@@ -104,12 +104,15 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   # ----------------------------------------------------------------------------------------------
   mngr = checkpointing.manager(workdir, config.keep_checkpoints)
   latest = mngr.latest_step()
+  earlier_seconds = 0.0  # time spent by earlier runs of this workdir; None if unknown
   with jax.set_mesh(mesh):
     if latest is not None:
-      state, iter_state, _ = checkpointing.restore(
+      state, iter_state, restored_meta = checkpointing.restore(
           mngr, latest, checkpointing.abstract_with_shardings(abstract_state, state_shardings))
       if iter_state:
         task.train_iter.set_state(iter_state)
+      # Checkpoints written before this field existed do not know their training time.
+      earlier_seconds = (restored_meta or {}).get('train_seconds')
       if is_chief:
         print(f'ctr_jax: resumed from the checkpoint at step {latest}', flush=True)
     else:
@@ -202,7 +205,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
       stopping = stop['signal'] is not None or step == config.exit_at_step
       if stopping or step % config.checkpoint_every == 0 or step == config.total_steps:
         checkpointing.save(mngr, step, state, task.train_iter.get_state(),
-                           _meta(config, step))
+                           _meta(config, step, _total_seconds(earlier_seconds, run_start)))
       if stopping:
         if is_chief:
           reason = 'SIGTERM' if stop['signal'] else 'config.exit_at_step'
@@ -218,7 +221,12 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   # Final evaluation, a sample, summary.json and curves.png.
   # ----------------------------------------------------------------------------------------------
   summary['step'] = step
-  summary['wall_time_seconds'] = time.perf_counter() - run_start
+  # Over every run of this workdir (resumes included), up to the final evaluation.
+  summary['wall_time_seconds'] = _total_seconds(earlier_seconds, run_start)
+  if 'train_loss' not in summary:  # resumed at the last step: report the last logged loss
+    logged = [r for r in metrics.read_metrics(workdir) if 'train_loss' in r]
+    if logged:
+      summary['train_loss'] = logged[-1]['train_loss']
   task.final = True
   if config.job in ('train', 'evaluate'):
     evaluation = run_eval(state)
@@ -259,8 +267,14 @@ def _report(active, step, evaluation, progress):
     progress.write(f'ctr_jax: step {step}: {text}')
 
 
-def _meta(config, step: int) -> dict:
-  return {'step': step, 'config': json.loads(config.to_json())}
+def _meta(config, step: int, train_seconds: float | None) -> dict:
+  return {'step': step, 'config': json.loads(config.to_json()), 'train_seconds': train_seconds}
+
+
+def _total_seconds(earlier_seconds: float | None, run_start: float) -> float | None:
+  if earlier_seconds is None:
+    return None
+  return earlier_seconds + time.perf_counter() - run_start
 
 
 def _progress_bar(active: bool, initial: int, total: int):

@@ -116,9 +116,10 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
       acc = ' | '.join(f"{r['level_accuracy'][l]:.3f}" for l in levels)
       wall = f"{r['wall_time_seconds'] / 60:.1f} min" if r['wall_time_seconds'] else '?'
       name = r['model'] + (' + entry' if r.get('entry_targets') else '')
+      loss = f"{r['train_loss']:.3f}" if r.get('train_loss') is not None else '?'
       lines.append(f"| {name} | {acc} | {r['final_query_accuracy']:.3f} | "
                    f"{r['table_key_accuracy']:.3f} | {r['levels_solved']}/{hops} | {r['steps']} | "
-                   f"{r['train_loss']:.3f} | {wall} |")
+                   f"{loss} | {wall} |")
     lines.append('')
   lines += ['![staircase](pointer_chasing.png)', '', NOTES_MARKER]
   path = os.path.join(docs, 'pointer_chasing.md')

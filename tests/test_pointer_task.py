@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ctr_jax import train
+from ctr_jax import checkpointing, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -45,12 +45,20 @@ def test_pointer_chasing_resume_is_exact(tmp_path):
   split = tmp_path / 'split'
   train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1, exit_at_step=2),
                            str(split))
-  train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), str(split))
+  first_part = checkpointing.read_meta(str(split))['train_seconds']
+  summary = train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1),
+                                     str(split))
 
   def losses(path):
     with open(path / 'metrics.jsonl') as f:
       return [r['train_loss'] for r in map(json.loads, f) if 'train_loss' in r]
   assert losses(full) == losses(split)
+  # The wall time covers both runs; a rerun at the last step still reports the last loss.
+  assert summary['wall_time_seconds'] > first_part > 0
+  trained = checkpointing.read_meta(str(split))['train_seconds']  # up to the step-4 checkpoint
+  again = train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), str(split))
+  assert again['train_loss'] == losses(split)[-1] and again['step'] == 4
+  assert again['wall_time_seconds'] > trained > first_part
 
 
 def test_entry_targets_shape_training_batches_only():
