@@ -139,15 +139,20 @@ def _plot(runs, path):
   fig, ax = plt.subplots(figsize=(6, 4))
   for hops in sorted({r['hops'] for r in runs}):
     for entry in (False, True):
-      suffix = ', entry targets' if entry else ''
+      suffix, shift = (', entry targets', 0.06) if entry else ('', 0.0)  # keep markers apart
       mine = [r for r in runs if r['hops'] == hops and r.get('entry_targets', False) == entry]
-      ts = sorted((r['depth'], r['levels_solved']) for r in mine if r['kind'] == 'transformer')
+      ts = sorted((r['depth'] + shift, r['levels_solved']) for r in mine
+                  if r['kind'] == 'transformer')
       if ts:
-        ax.plot(*zip(*ts), 'o-', label=f'transformer, H={hops}{suffix}')
+        ax.plot(*zip(*ts), 'o-' if not entry else 's--', label=f'transformer, H={hops}{suffix}')
       for r in mine:
         if r['kind'] == 'context_ready':
-          ax.scatter([r['depth']], [r['levels_solved']], marker='*', s=150,
-                     label=f"CRT {r['model']}, H={hops}{suffix}")
+          ax.scatter([r['depth'] + shift], [r['levels_solved']], marker='*' if not entry else 'P',
+                     s=150, label=f"CRT {r['model']}, H={hops}{suffix}")
+  top = max(r['hops'] for r in runs)
+  ax.set_ylim(-0.3, top + 0.3)
+  ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+  ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
   ax.set_xlabel('layers (N for transformers, D for the context-ready model)')
   ax.set_ylabel('levels solved (> 90%)')
   ax.grid(alpha=0.3)
