@@ -25,6 +25,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.data.seq_len = 256           # T, the paper's "block size"
   c.data.hops = 3                # pointer_chasing only: number of table levels H
   c.data.entry_targets = False   # pointer_chasing only: helper targets on index-table entries
+  c.data.equals_targets = False  # pointer_chasing only: helper targets on every entry's '='
 
   c.batch_size = 64              # global batch (split over processes and data/fsdp devices)
   c.total_steps = 100_000

@@ -58,8 +58,9 @@ def validate(config) -> None:
   for field in ('total_steps', 'batch_size', 'log_every', 'eval_every', 'checkpoint_every'):
     _check(int(config[field]) >= 1, field, f'must be >= 1, got {config[field]!r}')
   _check(config.data.seq_len >= 1, 'data.seq_len', 'must be >= 1')
-  _check(config.data.get('entry_targets', False) in (True, False, 0, 1), 'data.entry_targets',
-         f"got {config.data.get('entry_targets')!r}, allowed [True, False]")
+  for helper in ('entry_targets', 'equals_targets'):
+    _check(config.data.get(helper, False) in (True, False, 0, 1), f'data.{helper}',
+           f'got {config.data.get(helper)!r}, allowed [True, False]')
   _check(config.data.seq_len <= config.model.max_len, 'data.seq_len',
          f'{config.data.seq_len} exceeds model.max_len={config.model.max_len}')
   _check(config.optim.lr > 0, 'optim.lr', 'must be > 0')

@@ -3,6 +3,7 @@
   python scripts/pointer_chasing_sweep.py --hops=3 --steps=5000
   python scripts/pointer_chasing_sweep.py --hops=10 --steps=5000 --models=t1,t5,t9,t11,d1_bptt
   python scripts/pointer_chasing_sweep.py --hops=3 --entry_targets --models=d1_bptt  # helpers
+  python scripts/pointer_chasing_sweep.py --hops=3 --equals_targets --models=t3,t4,d1_bptt
   python scripts/pointer_chasing_sweep.py --hops=3 --report_only   # re-read finished runs
 
 Each model is one `python -m ctr_jax.main --config=configs/pointer_chasing.py:...` run in its own
@@ -34,6 +35,10 @@ flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
 flags.DEFINE_string('extra', '', 'Extra flags for every run, e.g. "--config.batch_size=32".')
 flags.DEFINE_bool('entry_targets', False, 'Train with the helper targets on index-table entries '
                   '(configs/pointer_chasing.py arg entry_targets=1); evaluation is unchanged.')
+flags.DEFINE_bool('equals_targets', False, "Train with the helper targets on every entry's '=' "
+                  '(configs/pointer_chasing.py arg equals_targets=1); evaluation is unchanged.')
+
+HELPERS = ('entry', 'equals')  # run record field f'{helper}_targets'; name and workdir suffixes
 
 NOTES_MARKER = '<!-- notes: kept by scripts/pointer_chasing_sweep.py -->'
 
@@ -58,9 +63,14 @@ def sweep_models(hops: int) -> list[str]:
   return names
 
 
-def run(name: str, hops: int, steps: int, root: str, entry_targets: bool) -> dict | None:
-  workdir = os.path.join(root, f'h{hops}_{name}' + ('_entry' if entry_targets else ''))
-  arg = f'hops={hops},model={name},steps={steps}' + (',entry_targets=1' if entry_targets else '')
+def helpers(r: dict) -> tuple[str, ...]:
+  """The helper targets a run record was trained with, e.g. ('entry',)."""
+  return tuple(h for h in HELPERS if r.get(f'{h}_targets', False))
+
+
+def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = ()) -> dict | None:
+  workdir = os.path.join(root, f'h{hops}_{name}' + ''.join(f'_{h}' for h in used))
+  arg = f'hops={hops},model={name},steps={steps}' + ''.join(f',{h}_targets=1' for h in used)
   summary_path = os.path.join(workdir, 'summary.json')
   if not FLAGS.report_only:
     done = False
@@ -78,8 +88,8 @@ def run(name: str, hops: int, steps: int, root: str, entry_targets: bool) -> dic
   with open(summary_path) as f:
     s = json.load(f)
   depth = int(re.search(r'\d+', name)[0])
-  return {'model': name, 'hops': hops, 'entry_targets': entry_targets, 'steps': s['step'],
-          'depth': depth,
+  return {'model': name, 'hops': hops, **{f'{h}_targets': h in used for h in HELPERS},
+          'steps': s['step'], 'depth': depth,
           'kind': 'transformer' if name.startswith('t') else 'context_ready',
           'level_accuracy': s['level_accuracy'], 'final_query_accuracy': s['final_query_accuracy'],
           'table_key_accuracy': s['table_key_accuracy'], 'levels_solved': s['levels_solved'],
@@ -89,12 +99,16 @@ def run(name: str, hops: int, steps: int, root: str, entry_targets: bool) -> dic
 
 
 def _key(r):
-  return r['model'], r['hops'], r.get('entry_targets', False)
+  return r['model'], r['hops'], helpers(r)
+
+
+def _name(r):
+  return ' + '.join((r['model'],) + helpers(r))
 
 
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
-  runs = sorted(runs, key=lambda r: (r['hops'], r.get('entry_targets', False),
-                                     r['kind'] != 'transformer', r['depth'], r['model']))
+  runs = sorted(runs, key=lambda r: (r['hops'], helpers(r), r['kind'] != 'transformer',
+                                     r['depth'], r['model']))
   with open(os.path.join(docs, 'pointer_chasing.json'), 'w') as f:
     json.dump(runs, f, indent=2)
   lines = ['# Pointer chasing: the depth staircase', '',
@@ -103,7 +117,8 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            'index lookups more), on the final query and on table keys, measured on 1,024 fresh',
            'examples (chance 1/16). A level counts as solved above 90%. CRT models are evaluated',
            'with the exact sequential scan. Rows marked "+ entry" were trained with the helper',
-           'targets on index-table entries (`entry_targets=1`); their evaluation is the same.', '',
+           'targets on index-table entries (`entry_targets=1`), rows marked "+ equals" with those',
+           "on every entry's '=' (`equals_targets=1`); their evaluation is the same.", '',
            f'Machine: {machine_text}', '']
   for hops in sorted({r['hops'] for r in runs}):
     rows = [r for r in runs if r['hops'] == hops]
@@ -115,7 +130,7 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
     for r in rows:
       acc = ' | '.join(f"{r['level_accuracy'][l]:.3f}" for l in levels)
       wall = f"{r['wall_time_seconds'] / 60:.1f} min" if r['wall_time_seconds'] else '?'
-      name = r['model'] + (' + entry' if r.get('entry_targets') else '')
+      name = _name(r)
       loss = f"{r['train_loss']:.3f}" if r.get('train_loss') is not None else '?'
       lines.append(f"| {name} | {acc} | {r['final_query_accuracy']:.3f} | "
                    f"{r['table_key_accuracy']:.3f} | {r['levels_solved']}/{hops} | {r['steps']} | "
@@ -137,18 +152,21 @@ def _plot(runs, path):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
+  styles = [('o-', '*'), ('s--', 'P'), ('^:', 'X'), ('v-.', 'D')]
   for hops in sorted({r['hops'] for r in runs}):
-    for entry in (False, True):
-      suffix, shift = (', entry targets', 0.06) if entry else ('', 0.0)  # keep markers apart
-      mine = [r for r in runs if r['hops'] == hops and r.get('entry_targets', False) == entry]
+    for i, used in enumerate(sorted({helpers(r) for r in runs if r['hops'] == hops})):
+      suffix = ''.join(f', {h} targets' for h in used)
+      shift = 0.06 * i  # keep the markers of different helper sets apart
+      line, star = styles[i % len(styles)]
+      mine = [r for r in runs if r['hops'] == hops and helpers(r) == used]
       ts = sorted((r['depth'] + shift, r['levels_solved']) for r in mine
                   if r['kind'] == 'transformer')
       if ts:
-        ax.plot(*zip(*ts), 'o-' if not entry else 's--', label=f'transformer, H={hops}{suffix}')
+        ax.plot(*zip(*ts), line, label=f'transformer, H={hops}{suffix}')
       for r in mine:
         if r['kind'] == 'context_ready':
-          ax.scatter([r['depth'] + shift], [r['levels_solved']], marker='*' if not entry else 'P',
-                     s=150, label=f"CRT {r['model']}, H={hops}{suffix}")
+          ax.scatter([r['depth'] + shift], [r['levels_solved']], marker=star, s=150,
+                     label=f"CRT {r['model']}, H={hops}{suffix}")
   top = max(r['hops'] for r in runs)
   ax.set_ylim(-0.3, top + 0.3)
   ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
@@ -165,8 +183,8 @@ def _plot(runs, path):
 def main(argv):
   del argv
   names = FLAGS.models.split(',') if FLAGS.models else sweep_models(FLAGS.hops)
-  results = [r for r in (run(n, FLAGS.hops, FLAGS.steps, FLAGS.root, FLAGS.entry_targets)
-                         for n in names) if r]
+  used = tuple(h for h in HELPERS if FLAGS[f'{h}_targets'].value)
+  results = [r for r in (run(n, FLAGS.hops, FLAGS.steps, FLAGS.root, used) for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')
   previous = []
   if os.path.exists(report):

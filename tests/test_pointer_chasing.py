@@ -8,12 +8,13 @@ from ctr_jax import pointer_eval
 from ctr_jax.data import pointer_chasing as pc
 
 
-def read_example(tokens, hops, entry_targets=False):
+def read_example(tokens, hops, entry_targets=False, equals_targets=False):
   """Parses one example with plain dicts, knowing only the documented format.
 
   Returns (tables, expected) where tables[L] maps each level-L key token to the token it points
   at, and expected[t] is the resolved value token at every key position (None elsewhere); with
-  entry_targets also at the target side of index-table entries.
+  entry_targets also at the target side of index-table entries, with equals_targets at every
+  entry's '=' (the value its target side resolves to).
   """
   tokens = [int(t) for t in tokens]
   first_value = 4 + 8 * hops
@@ -40,6 +41,9 @@ def read_example(tokens, hops, entry_targets=False):
       expected[key_pos] = resolve(level, key)
       if entry_targets and level:
         expected[key_pos - 2] = resolve(level - 1, tokens[key_pos - 2])
+      if equals_targets:
+        pointed = tokens[key_pos - 2]
+        expected[key_pos - 1] = resolve(level - 1, pointed) if level else pointed
     queried = []
     for _ in range(8):
       assert tokens[pos] == 1 and tokens[pos + 1] in level_keys
@@ -55,15 +59,18 @@ def read_example(tokens, hops, entry_targets=False):
   return tables, expected
 
 
-@pytest.mark.parametrize('hops,entry_targets', [(1, False), (2, False), (3, False), (5, False),
-                                                (10, False), (1, True), (4, True)])
-def test_generator_agrees_with_an_independent_reader(hops, entry_targets):
-  tokens, targets = pc.batch(hops, 100, seed=hops, entry_targets=entry_targets)
+@pytest.mark.parametrize('hops,entry_targets,equals_targets', [
+    (1, False, False), (2, False, False), (3, False, False), (5, False, False),
+    (10, False, False), (1, True, False), (4, True, False), (1, False, True), (3, False, True),
+    (4, True, True)])
+def test_generator_agrees_with_an_independent_reader(hops, entry_targets, equals_targets):
+  tokens, targets = pc.batch(hops, 100, seed=hops, entry_targets=entry_targets,
+                             equals_targets=equals_targets)
   assert tokens.dtype == targets.dtype == np.int32
   assert tokens.shape == targets.shape == (100, 42 * hops + 2)
   final_keys = set()
   for row_tokens, row_targets in zip(tokens, targets):
-    tables, expected = read_example(row_tokens, hops, entry_targets)
+    tables, expected = read_example(row_tokens, hops, entry_targets, equals_targets)
     np.testing.assert_array_equal(row_targets, [-1 if e is None else e for e in expected])
     # Index tables are permutations: each lower-level key is pointed at exactly once.
     for level in range(1, hops):
@@ -124,23 +131,30 @@ def test_token_layout():
     pc.seq_len(0)
 
 
-@pytest.mark.parametrize('hops,entry_targets', [(1, False), (4, False), (3, True)])
-def test_position_labels_mark_exactly_the_targets(hops, entry_targets):
+@pytest.mark.parametrize('hops,entry_targets,equals_targets',
+                         [(1, False, False), (4, False, False), (3, True, False), (2, False, True),
+                          (3, True, True)])
+def test_position_labels_mark_exactly_the_targets(hops, entry_targets, equals_targets):
   labels = pc.position_labels(hops)
-  tokens, targets = pc.batch(hops, 16, seed=2, entry_targets=entry_targets)
+  tokens, targets = pc.batch(hops, 16, seed=2, entry_targets=entry_targets,
+                             equals_targets=equals_targets)
   plain = pc.batch(hops, 16, seed=2)
   np.testing.assert_array_equal(tokens, plain[0])  # helpers change targets, never tokens
   has_target = targets >= 0
   labelled = labels.kind != pc.NONE
   if not entry_targets:
     labelled &= labels.kind != pc.ENTRY_TARGET
+  if not equals_targets:
+    labelled &= labels.kind != pc.EQUALS_TARGET
   assert np.all(has_target == labelled[None])
-  # Every labelled position holds a key of the labelled level.
+  # Every labelled position holds a key of the labelled level, or an entry's '='.
+  is_key = has_target[0] & (labels.kind != pc.EQUALS_TARGET)
   key_levels = (tokens - 4) // 8
-  assert np.all(key_levels[:, has_target[0]] == labels.level[has_target[0]][None])
-  counts = np.bincount(labels.kind, minlength=5)
+  assert np.all(key_levels[:, is_key] == labels.level[is_key][None])
+  assert np.all(tokens[:, labels.kind == pc.EQUALS_TARGET] == pc.EQUALS)
+  counts = np.bincount(labels.kind, minlength=6)
   assert counts[pc.TABLE_KEY] == counts[pc.QUERY_KEY] == 8 * hops and counts[pc.FINAL_QUERY] == 1
-  assert counts[pc.ENTRY_TARGET] == 8 * (hops - 1)
+  assert counts[pc.ENTRY_TARGET] == 8 * (hops - 1) and counts[pc.EQUALS_TARGET] == 8 * hops
   assert labels.level[-1] == hops - 1
 
 

@@ -61,33 +61,37 @@ def test_pointer_chasing_resume_is_exact(tmp_path):
   assert again['wall_time_seconds'] > trained > first_part
 
 
-def test_entry_targets_shape_training_batches_only():
+@pytest.mark.parametrize('helper,kind,count', [('entry_targets', 'ENTRY_TARGET', 16),
+                                                ('equals_targets', 'EQUALS_TARGET', 24)])
+def test_helper_targets_shape_training_batches_only(helper, kind, count):
   from ctr_jax import pointer_task  # pylint: disable=g-import-not-at-top
   from ctr_jax.data import pointer_chasing  # pylint: disable=g-import-not-at-top
-  config = small('hops=3,model=t1,entry_targets=1')
-  assert config.data.entry_targets is True
+  config = small(f'hops=3,model=t1,{helper}=1')
+  assert config.data[helper] is True
   task = pointer_task.PointerChasing(config, process_index=0, process_count=1)
   batch = next(task.train_iter)
   labels = pointer_chasing.position_labels(3)
-  entry = labels.kind == pointer_chasing.ENTRY_TARGET
-  assert entry.sum() == 16 and (batch['targets'][:, entry] >= 0).all()
+  helped = labels.kind == getattr(pointer_chasing, kind)
+  assert helped.sum() == count and (batch['targets'][:, helped] >= 0).all()
   plain = pointer_task.PointerChasing(small('hops=3,model=t1'), 0, 1)
-  assert (next(plain.train_iter)['targets'][:, entry] == -1).all()
-  with pytest.raises(ValueError, match='entry_targets'):
-    pc_config.get_config('entry_targets=2')
+  assert (next(plain.train_iter)['targets'][:, helped] == -1).all()
+  with pytest.raises(ValueError, match=helper):
+    pc_config.get_config(f'{helper}=2')
 
 
 def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   sys.path.insert(0, os.path.join(ROOT, 'scripts'))
   import pointer_chasing_sweep as sweep  # pylint: disable=g-import-not-at-top
 
-  def record(model, entry, l1):
-    return {'model': model, 'hops': 2, 'entry_targets': entry, 'steps': 10, 'depth': 1,
+  def record(model, entry, l1, equals=False):
+    return {'model': model, 'hops': 2, 'entry_targets': entry, 'equals_targets': equals,
+            'steps': 10, 'depth': 1,
             'kind': 'transformer' if model[0] == 't' else 'context_ready',
             'level_accuracy': {'L0': 1.0, 'L1': l1}, 'final_query_accuracy': l1,
             'table_key_accuracy': 0.5, 'levels_solved': 1 + (l1 > 0.9), 'train_loss': 1.0,
             'wall_time_seconds': 60.0, 'eval_examples': 16, 'command': 'x'}
-  runs = [record('d1_bptt', False, 0.25), record('d1_bptt', True, 0.97), record('t1', False, 0.2)]
+  runs = [record('d1_bptt', False, 0.25), record('d1_bptt', True, 0.97), record('t1', False, 0.2),
+          record('d1_bptt', False, 0.5, equals=True)]
   sweep.write_report(runs, str(tmp_path), 'test machine')
   md = tmp_path / 'pointer_chasing.md'
   md.write_text(md.read_text() + '## Hand-written notes\nkept\n')
@@ -95,6 +99,7 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   text = md.read_text()
   assert text.count('## Hand-written notes\nkept') == 1
   assert '| d1_bptt + entry | 1.000 | 0.970 |' in text and '| d1_bptt | 1.000 | 0.250 |' in text
-  assert len(json.loads((tmp_path / 'pointer_chasing.json').read_text())) == 3
+  assert '| d1_bptt + equals | 1.000 | 0.500 |' in text
+  assert len(json.loads((tmp_path / 'pointer_chasing.json').read_text())) == 4
   assert (tmp_path / 'pointer_chasing.png').stat().st_size > 0
-  assert sweep._key(runs[0]) != sweep._key(runs[1])  # pylint: disable=protected-access
+  assert len({sweep._key(r) for r in runs}) == 4  # pylint: disable=protected-access

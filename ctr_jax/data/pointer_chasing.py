@@ -50,10 +50,14 @@ QUERY_LEN = 2 * NUM_KEYS + 1   # `QUERY key` pairs and '|'
 LEVEL_LEN = TABLE_LEN + QUERY_LEN
 IGNORE = -1                    # target at positions without one
 
-# Section kinds of a target position (see `position_labels`). ENTRY_TARGET positions (the
-# target side of an index-table entry, a key of the level below) only carry a target with
-# entry_targets=True, an optional helper that supervises each lookup of the chain on its own.
-NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY, ENTRY_TARGET = 0, 1, 2, 3, 4
+# Section kinds of a target position (see `position_labels`). Two optional helpers add targets
+# that evaluation never scores. ENTRY_TARGET positions (the target side of an index-table entry,
+# a key of the level below) carry its resolved value with entry_targets=True, so each lookup of
+# the chain is supervised on its own. EQUALS_TARGET positions (the '=' of every entry, all levels)
+# carry the entry's resolved value with equals_targets=True: the answer one token before the key,
+# so that at every level the key token can read it from the position before it, the way a level-0
+# key reads its value (our helper, not the author's; see docs/pointer_chasing.md).
+NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY, ENTRY_TARGET, EQUALS_TARGET = 0, 1, 2, 3, 4, 5
 
 # Seed of the evaluation stream; negative so that no training seed (>= 0) can produce it.
 EVAL_SEED = -1
@@ -94,8 +98,9 @@ class PositionLabels(NamedTuple):
   """What each position of a `hops`-level sequence is, identical for every example.
 
   kind:  int32 [T]: NONE, TABLE_KEY, QUERY_KEY or FINAL_QUERY (the positions with a target),
-         ENTRY_TARGET (a target only with entry_targets=True).
-  level: int32 [T]: table level of the key at that position (-1 where kind is NONE).
+         ENTRY_TARGET / EQUALS_TARGET (a target only with entry_targets / equals_targets).
+  level: int32 [T]: table level of the key at that position (-1 where kind is NONE; for '='
+         the level of its table).
   """
   kind: np.ndarray
   level: np.ndarray
@@ -112,6 +117,7 @@ def position_labels(hops: int) -> PositionLabels:
     query_keys = start + TABLE_LEN + 2 * np.arange(NUM_KEYS) + 1
     kind[table_keys], kind[query_keys] = TABLE_KEY, QUERY_KEY
     level[table_keys], level[query_keys] = lvl, lvl
+    kind[table_keys - 1], level[table_keys - 1] = EQUALS_TARGET, lvl
     if lvl:
       kind[table_keys - 2], level[table_keys - 2] = ENTRY_TARGET, lvl - 1
   kind[-1], level[-1] = FINAL_QUERY, hops - 1
@@ -146,8 +152,8 @@ def _uniforms(keys: np.ndarray, count: int) -> np.ndarray:
   return (_splitmix(states) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _generate(hops: int, seed: int, indices: np.ndarray,
-              entry_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = False,
+              equals_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each."""
   b, k = len(indices), NUM_KEYS
   u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1)
@@ -179,6 +185,8 @@ def _generate(hops: int, seed: int, indices: np.ndarray,
     entries[..., 0], entries[..., 1], entries[..., 2] = pointed, EQUALS, key_token(lvl, keys)
     targets[:, start + 2:start + 3 * k:3] = value_token(
         hops, np.take_along_axis(resolved[lvl], keys, axis=1))
+    if equals_targets:  # the key points to its entry's target side, so they resolve alike
+      targets[:, start + 1:start + 3 * k:3] = targets[:, start + 2:start + 3 * k:3]
     tokens[:, start + 3 * k] = SEP
 
     start += TABLE_LEN
@@ -194,22 +202,23 @@ def _generate(hops: int, seed: int, indices: np.ndarray,
   return tokens, targets
 
 
-def sample(hops: int, seed: int, index: int = 0,
-           entry_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def sample(hops: int, seed: int, index: int = 0, entry_targets: bool = False,
+           equals_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """Example `index` of stream `seed`: (tokens, targets), int32 [T] each (targets -1 off keys).
 
   entry_targets: also give the target side of each index-table entry (a key of the level
     below) its resolved value; see ENTRY_TARGET. Tokens do not change.
+  equals_targets: also give each entry's '=' the entry's resolved value; see EQUALS_TARGET.
   """
   if index < 0:
     raise ValueError(f'index must be >= 0, got {index}')
   tokens, targets = _generate(_check_hops(hops), seed, np.array([index], np.int64),
-                              entry_targets)
+                              entry_targets, equals_targets)
   return tokens[0], targets[0]
 
 
-def batch(hops: int, batch_size: int, seed: int, start: int = 0,
-          entry_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def batch(hops: int, batch_size: int, seed: int, start: int = 0, entry_targets: bool = False,
+          equals_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """Examples start .. start + batch_size - 1 of stream `seed`: int32 [B, T] tokens, targets.
 
   A trainer can take step s as `batch(hops, B, seed, start=s * B)`: one endless stream, no
@@ -218,7 +227,7 @@ def batch(hops: int, batch_size: int, seed: int, start: int = 0,
   if batch_size < 1 or start < 0:
     raise ValueError(f'need batch_size >= 1 and start >= 0, got {batch_size} and {start}')
   indices = np.arange(start, start + batch_size, dtype=np.int64)
-  return _generate(_check_hops(hops), seed, indices, entry_targets)
+  return _generate(_check_hops(hops), seed, indices, entry_targets, equals_targets)
 
 
 class PointerChasingSource:
@@ -227,9 +236,11 @@ class PointerChasingSource:
   Record i is `{'tokens': int32 [T], 'targets': int32 [T]}` = `sample(hops, seed, i)`.
   """
 
-  def __init__(self, hops: int, num_examples: int, seed: int, entry_targets: bool = False):
+  def __init__(self, hops: int, num_examples: int, seed: int, entry_targets: bool = False,
+               equals_targets: bool = False):
     self.hops = _check_hops(hops)
     self.entry_targets = bool(entry_targets)
+    self.equals_targets = bool(equals_targets)
     if num_examples < 1:
       raise ValueError(f'num_examples must be >= 1, got {num_examples}')
     self.num_examples = int(num_examples)
@@ -242,12 +253,13 @@ class PointerChasingSource:
     if not -self.num_examples <= index < self.num_examples:
       raise IndexError(f'index {index} out of range for {self.num_examples} examples')
     tokens, targets = sample(self.hops, self.seed, int(index) % self.num_examples,
-                             self.entry_targets)
+                             self.entry_targets, self.equals_targets)
     return {'tokens': tokens, 'targets': targets}
 
   def __repr__(self) -> str:
     return (f'PointerChasingSource(hops={self.hops}, num_examples={self.num_examples}, '
-            f'seed={self.seed}, entry_targets={self.entry_targets})')
+            f'seed={self.seed}, entry_targets={self.entry_targets}, '
+            f'equals_targets={self.equals_targets})')
 
 
 # ------------------------------------------------------------------------------------------------
@@ -285,8 +297,8 @@ def format_example(tokens, targets) -> str:
   lines = [f'pointer chasing: hops={hops}, T={len(tokens)}, {int(np.sum(targets >= 0))} targets']
   for lvl in range(hops):
     start = LEVEL_LEN * lvl
-    entries = [f'{name(tokens[i])}{resolved(i)}{name(tokens[i + 1])}{name(tokens[i + 2])}'
-               f'{resolved(i + 2)}'
+    entries = [f'{name(tokens[i])}{resolved(i)}{name(tokens[i + 1])}'
+               f'{resolved(i + 1) and resolved(i + 1) + " "}{name(tokens[i + 2])}{resolved(i + 2)}'
                for i in range(start, start + 3 * NUM_KEYS, 3)]
     lines.append(f'L{lvl} table: ' + ' '.join(entries + [name(tokens[start + 3 * NUM_KEYS])]))
     start += TABLE_LEN
