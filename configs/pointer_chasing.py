@@ -3,6 +3,9 @@
   python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=10,model=d1_bptt --workdir=DIR
   python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=10,model=t4 --workdir=DIR
   python scripts/pointer_chasing_sweep.py --hops=3 --steps=5000   # the whole staircase
+  # D = 1 BPTT solved every H = 3 level by ~1,900 steps with the '=' helper targets:
+  python -m ctr_jax.main --workdir=DIR \
+      --config=configs/pointer_chasing.py:hops=3,model=d1_bptt,equals_targets=1
 
 Args:
   hops:  table levels H (T = 42H + 2 tokens, vocabulary 4 + 8H + 16).
