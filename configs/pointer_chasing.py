@@ -1,4 +1,4 @@
-"""Pointer chasing (paper section 5.6): depth separation between transformers and a D=1 CRT.
+r"""Pointer chasing (paper section 5.6): depth separation between transformers and a D=1 CRT.
 
   python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=10,model=d1_bptt --workdir=DIR
   python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=10,model=t4 --workdir=DIR
