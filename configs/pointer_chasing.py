@@ -57,11 +57,10 @@ def get_config(arg=None):
   c.seed = args.seed
   c.data.name = 'pointer_chasing'
   c.data.hops = args.hops
-  for helper in ('entry_targets', 'equals_targets'):
+  for helper in pointer_chasing.HELPER_TARGETS:
     if args[helper] not in (0, 1):
       raise ValueError(f'config arg {helper}={args[helper]!r}: allowed 0 or 1')
-  c.data.entry_targets = bool(args.entry_targets)
-  c.data.equals_targets = bool(args.equals_targets)
+    c.data[helper] = bool(args[helper])
   c.data.seq_len = pointer_chasing.seq_len(args.hops)
   c.batch_size = 64
   c.total_steps = args.steps

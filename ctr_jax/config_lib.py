@@ -6,6 +6,7 @@ import os
 import ml_collections
 
 from ctr_jax import models
+from ctr_jax.data import pointer_chasing
 
 JOBS = ('train', 'evaluate', 'generate', 'prepare')
 DATASETS = ('kjv_bible', 'openwebtext', 'wikipedia', 'pointer_chasing')
@@ -58,7 +59,7 @@ def validate(config) -> None:
   for field in ('total_steps', 'batch_size', 'log_every', 'eval_every', 'checkpoint_every'):
     _check(int(config[field]) >= 1, field, f'must be >= 1, got {config[field]!r}')
   _check(config.data.seq_len >= 1, 'data.seq_len', 'must be >= 1')
-  for helper in ('entry_targets', 'equals_targets'):
+  for helper in pointer_chasing.HELPER_TARGETS:
     _check(config.data.get(helper, False) in (True, False, 0, 1), f'data.{helper}',
            f'got {config.data.get(helper)!r}, allowed [True, False]')
   _check(config.data.seq_len <= config.model.max_len, 'data.seq_len',

@@ -17,12 +17,12 @@ class _BatchStream:
   """Endless, checkpointable stream of this process's share of each global batch."""
 
   def __init__(self, hops, global_batch_size, seed, process_index, process_count,
-               entry_targets=False, equals_targets=False):
+               **helper_targets):
     if global_batch_size % process_count:
       raise ValueError(f'config.batch_size={global_batch_size} is not divisible by the '
                        f'{process_count} processes')
     self.hops, self.global_batch, self.seed = hops, global_batch_size, seed
-    self.entry_targets, self.equals_targets = entry_targets, equals_targets
+    self.helper_targets = helper_targets  # pointer_chasing.HELPER_TARGETS switches
     self.local = global_batch_size // process_count
     self.offset = process_index * self.local
     self.next_index = 0
@@ -33,8 +33,7 @@ class _BatchStream:
   def __next__(self):
     start = self.next_index * self.global_batch + self.offset
     tokens, targets = pointer_chasing.batch(self.hops, self.local, self.seed, start=start,
-                                            entry_targets=self.entry_targets,
-                                            equals_targets=self.equals_targets)
+                                            **self.helper_targets)
     self.next_index += 1
     return {'tokens': tokens, 'targets': targets}
 
@@ -60,8 +59,8 @@ class PointerChasing:
                        f'{config.model.vocab_size}')
     # Helper targets only shape training; evaluation always scores the task's own targets.
     self.train_iter = _BatchStream(self.hops, config.batch_size, config.seed, process_index,
-                                   process_count, config.data.get('entry_targets', False),
-                                   config.data.get('equals_targets', False))
+                                   process_count, **{h: bool(config.data.get(h, False))
+                                                     for h in pointer_chasing.HELPER_TARGETS})
     self.eval_examples = config.eval_batches * config.batch_size
     self.final_examples = config.pointer_eval_examples
     self.batch_size = config.batch_size

@@ -25,6 +25,8 @@ from absl import flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from ctr_jax.data import pointer_chasing  # pylint: disable=g-import-not-at-top
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('hops', 3, 'Table levels H.')
 flags.DEFINE_integer('steps', 5000, 'Training steps per model.')
@@ -38,7 +40,9 @@ flags.DEFINE_bool('entry_targets', False, 'Train with the helper targets on inde
 flags.DEFINE_bool('equals_targets', False, "Train with the helper targets on every entry's '=' "
                   '(configs/pointer_chasing.py arg equals_targets=1); evaluation is unchanged.')
 
-HELPERS = ('entry', 'equals')  # run record field f'{helper}_targets'; name and workdir suffixes
+# Short helper names ('entry', 'equals'): name and workdir suffixes; run records hold the
+# switches themselves (f'{helper}_targets').
+HELPERS = tuple(h.removesuffix('_targets') for h in pointer_chasing.HELPER_TARGETS)
 
 NOTES_MARKER = '<!-- notes: kept by scripts/pointer_chasing_sweep.py -->'
 

@@ -58,6 +58,9 @@ IGNORE = -1                    # target at positions without one
 # so that at every level the key token can read it from the position before it, the way a level-0
 # key reads its value (our helper, not the author's; see docs/pointer_chasing.md).
 NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY, ENTRY_TARGET, EQUALS_TARGET = 0, 1, 2, 3, 4, 5
+# Their switches: keyword arguments of `sample`, `batch`, `PointerChasingSource`, and fields of
+# config.data (args of configs/pointer_chasing.py).
+HELPER_TARGETS = ('entry_targets', 'equals_targets')
 
 # Seed of the evaluation stream; negative so that no training seed (>= 0) can produce it.
 EVAL_SEED = -1
