@@ -33,6 +33,7 @@ import numpy as np
 from safetensors import numpy as safetensors_numpy
 
 from ctr_jax import models
+from ctr_jax.models import layers
 
 __all__ = ['load', 'model_config_from_hf', 'read_config', 'read_tensors', 'convert_params',
            'load_tokenizer']
@@ -418,7 +419,7 @@ def convert_params(hf: dict, tensors: dict, spec) -> dict:
   if unused:
     raise ValueError(f'checkpoint tensors not understood for {hf.get("model_type")!r}: '
                      f'{unused[:8]}{" ..." if len(unused) > 8 else ""}')
-  return params
+  return layers.to_kernel_layout(params, spec.kernel_layout)
 
 
 def load(directory, *, dtype: str = 'float32', param_dtype: str | None = None):

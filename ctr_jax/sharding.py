@@ -68,6 +68,8 @@ def param_logical_axes(path, shape) -> tuple:
     return (None,) * len(shape)
   if leaf == 'kernel' and len(shape) >= 2:
     return (None,) * (len(shape) - 2) + axes  # leading axes (experts) stay replicated
+  if leaf == 'weight' and len(shape) == 2:  # layers.Linear: [out, in]
+    return axes[::-1]
   if leaf == 'bias' and len(shape) >= 1:
     return (None,) * (len(shape) - 1) + (axes[-1],)
   return (None,) * len(shape)

@@ -46,7 +46,9 @@ def prepare_workdir(config, workdir: str) -> str:
     raise UserError(f'--workdir={workdir} is not writable: {e.strerror}') from None
   meta = checkpointing.read_meta(workdir)
   if meta is not None:
-    saved = meta.get('config', {}).get('model', {})
+    # A field the saved config lacks was added later; the checkpoint has its old default.
+    defaults = json.loads(json.dumps(models.SPEC_DEFAULTS))  # as JSON stores them
+    saved = {**defaults, **meta.get('config', {}).get('model', {})}
     current = json.loads(config.model.to_json())
     diff = sorted(k for k in set(saved) | set(current)
                   if k != 'remat' and saved.get(k) != current.get(k))

@@ -35,11 +35,11 @@ def test_gpt_block_keeps_its_parameter_names():
   block = "['blocks']['block_0']"
   expected = {f"{block}['{m}']['{l}']['{w}']" for m, l in
               [('attn', 'query'), ('attn', 'key'), ('attn', 'value'), ('attn', 'out'),
-               ('mlp', 'fc_in'), ('mlp', 'fc_out')] for w in ('kernel', 'bias')}
+               ('mlp', 'fc_in'), ('mlp', 'fc_out')] for w in ('weight', 'bias')}
   expected |= {f"{block}['{n}']['{w}']" for n in ('ln_attn', 'ln_mlp') for w in ('scale', 'bias')}
   assert {p for p in paths if p.startswith(block)} == expected
   assert {p for p in paths if 'block_' not in p} == {
-      "['embed']['embedding']", "['ln_f']['scale']", "['ln_f']['bias']", "['head']['kernel']",
+      "['embed']['embedding']", "['ln_f']['scale']", "['ln_f']['bias']", "['head']['weight']",
       "['head']['bias']"}
 
 
@@ -51,7 +51,7 @@ def test_gemma_family_pieces():
   assert set(block) == {'attn_norm', 'attn', 'post_attn_norm', 'mlp_norm', 'mlp',
                         'post_mlp_norm'}
   assert set(block['attn']) == {'query', 'key', 'value', 'out', 'q_norm', 'k_norm'}
-  assert block['attn']['key']['kernel'].shape == (16, 4)  # one KV head of Dh = 4
+  assert block['attn']['key']['weight'].shape == (4, 16)  # one KV head of Dh = 4, [out, in]
   assert float(jnp.abs(block['post_mlp_norm']['scale']).max()) == 0.0  # (1 + w), w = 0
   pieces = jax.jit(lambda v, t: model.apply(v, t, method=lambda m, t: (
       m.embed_tokens(t, True), m.ln_f(m.blocks(m.embed_tokens(t, True),

@@ -139,7 +139,9 @@ def test_stable_update_is_exact_with_a_zero_post_norm_scale():
 
 def test_division_by_zero_guard_confines_the_error_to_the_zero_coordinate():
   with jax.enable_x64(True):
-    model, variables, tokens = family_lm('gemma', dtype='float64', depth=1)
+    # [in, out] kernels, so column 5 of W_down is output coordinate 5.
+    model, variables, tokens = family_lm('gemma', dtype='float64', depth=1,
+                                         kernel_layout='in_out')
     params = jax.tree.map(lambda x: x, variables['params'])
     down = params['blocks']['block_0']['mlp']['down']['kernel']
     params['blocks']['block_0']['mlp']['down']['kernel'] = down.at[:, 5].set(0.0)  # f_5 = 0
@@ -182,7 +184,8 @@ def test_a_fixed_post_norm_scale_cannot_absorb_the_context():
 
 def test_patches_are_one_gradient_step_with_rate_one_over_the_input_norm():
   with jax.enable_x64(True):
-    model, variables, tokens = family_lm('llama', dtype='float64', depth=1, batch=1)
+    model, variables, tokens = family_lm('llama', dtype='float64', depth=1, batch=1,
+                                         kernel_layout='in_out')  # the x W form of the theorem
     patch, info = implicit.compute_patch(model, variables, tokens[:, :6], tokens[:, 6:],
                                          return_info=True)
     mlp = variables['params']['blocks']['block_0']['mlp']
@@ -220,7 +223,7 @@ def test_context_ready_model_equivalence():
   patch = implicit.compute_patch(model, variables, context, query)
   logits = implicit.patched_forward(model, variables, patch, query, 6)[:, -1]
   assert max_err(logits, full) <= 1e-4 * max(1.0, float(jnp.max(jnp.abs(full))))
-  corr = implicit.patch_deltas(variables, patch)['correction']['ffn']['fc_in']['kernel']
+  corr = implicit.patch_deltas(variables, patch)['correction']['ffn']['fc_in']['weight']
   assert implicit.matrix_ranks({'fc_in': corr}) == {"['fc_in']": [1, 1]}
   # Without the correction patch the blocks' patches no longer fit the block input.
   blocks_only = {'blocks': patch['blocks']}

@@ -19,13 +19,21 @@ from helpers import family_lm
 
 FAMILIES = ('gemma', 'llama', 'falcon', 'moe', 'gpt')
 # Patch leaves whose omission must break the equality: (output side, input side or None).
+# 'W' is the dense layer's matrix: 'weight' [out, in] or 'kernel' [in, out] (model.kernel_layout).
 OMITTED = {
-    'gemma': (('post_mlp_norm', 'scale'), ('mlp', 'gate', 'kernel')),
-    'llama': (('mlp', 'down', 'kernel'), ('mlp', 'up', 'kernel')),
-    'falcon': (('mlp', 'fc_out', 'kernel'), None),
-    'moe': (('mlp', 'down'), ('mlp', 'router', 'kernel')),
-    'gpt': (('mlp', 'fc_out', 'bias'), ('mlp', 'fc_in', 'kernel')),
+    'gemma': (('post_mlp_norm', 'scale'), ('mlp', 'gate', 'W')),
+    'llama': (('mlp', 'down', 'W'), ('mlp', 'up', 'W')),
+    'falcon': (('mlp', 'fc_out', 'W'), None),
+    'moe': (('mlp', 'down'), ('mlp', 'router', 'W')),
+    'gpt': (('mlp', 'fc_out', 'bias'), ('mlp', 'fc_in', 'W')),
 }
+# Both weight layouts for every family in float64; the default layout in float32.
+CASES = ([(b, 'float64', layout) for b in FAMILIES for layout in ('out_in', 'in_out')]
+         + [(b, 'float32', 'out_in') for b in FAMILIES])
+
+
+def matrix_name(layout):
+  return 'weight' if layout == 'out_in' else 'kernel'
 
 
 def precision(dtype):
@@ -60,11 +68,10 @@ def plain_apply(model, variables, patch, query, start):
   return jax.jit(jax.vmap(one))(jnp.arange(query.shape[0]), query)
 
 
-@pytest.mark.parametrize('dtype', ['float64', 'float32'])
-@pytest.mark.parametrize('block', FAMILIES)
-def test_patched_query_without_context_equals_with_context(block, dtype):
+@pytest.mark.parametrize('block,dtype,layout', CASES)
+def test_patched_query_without_context_equals_with_context(block, dtype, layout):
   with precision(dtype):
-    model, variables, tokens = family_lm(block, dtype=dtype)
+    model, variables, tokens = family_lm(block, dtype=dtype, kernel_layout=layout)
     context, query = tokens[:, :6], tokens[:, 6:]  # a two-token query at positions 6, 7
     full = jax.jit(model.apply)(variables, tokens)[:, -1]
     patch, info = implicit.compute_patch(model, variables, context, query, return_info=True)
@@ -89,6 +96,7 @@ def test_patched_query_without_context_equals_with_context(block, dtype):
     if dtype == 'float64':
       output_side, input_side = OMITTED[block]
       for path in (output_side, input_side) if block == 'gemma' else (output_side,):
+        path = tuple(matrix_name(layout) if name == 'W' else name for name in path)
         broken = implicit.patched_forward(model, variables, without(patch, path), query, 6)
         assert max_err(broken[:, -1], full) > 1e-3, path
 
@@ -99,7 +107,7 @@ def test_moe_router_patch_keeps_the_full_context_routing():
     _, info = implicit.compute_patch(model, variables, tokens[:, :7], tokens[:, 7:],
                                      return_info=True)
     for i, layer in enumerate(info['layers']):
-      router = variables['params']['blocks'][f'block_{i}']['mlp']['router']['kernel']
+      router = variables['params']['blocks'][f'block_{i}']['mlp']['router']['weight'].T
       expected = layers.moe_gates(layer['z_c'] @ router, 2)
       assert max_err(layer['gates'], expected) <= 1e-12
       assert np.array_equal(np.asarray(layer['gates']) > 0, np.asarray(expected) > 0)
@@ -112,5 +120,5 @@ def test_falcon_patches_only_the_output_matrix():
     assert list(jax.tree_util.tree_leaves_with_path(
         layer, is_leaf=implicit.patches.is_leaf))[0][0] == (
             jax.tree_util.DictKey('mlp'), jax.tree_util.DictKey('fc_out'),
-            jax.tree_util.DictKey('kernel'))
+            jax.tree_util.DictKey('weight'))
     assert len(jax.tree.leaves(layer, is_leaf=implicit.patches.is_leaf)) == 1

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from ctr_jax import convert, decode, diagnostics, losses, models
+from ctr_jax.models import layers
 from helpers import max_abs_diff, random_model, random_tokens
 
 PAPER_COUNTS = {  # reference section 1.4, V = 32,000
@@ -60,10 +61,58 @@ def test_public_config_example_has_defaults():
     (dict(dtype='int8'), 'dtype'),
     (dict(num_heads=4, num_kv_heads=3), 'num_kv_heads'),
     (dict(widht=64), 'widht'),
+    (dict(kernel_layout='column_major'), 'kernel_layout'),
 ])
 def test_bad_configs_raise_value_error_naming_the_field(overrides, field):
   with pytest.raises(ValueError, match=field):
     models.model_config(**overrides)
+
+
+@pytest.mark.parametrize('kind', ['transformer', 'context_ready'])
+@pytest.mark.parametrize('block', ['gpt', 'llama', 'moe'])
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_weight_layouts_are_the_same_model(kind, block, dtype):
+  """[out, in] 'weight' and [in, out] 'kernel' dense layers: the same initial values (the
+  transpose of each other), the same logits, and the converter maps one tree onto the other."""
+  rng = np.random.default_rng(len(kind) + len(block))
+  width = int(rng.choice([16, 32, 48]))
+  common = dict(kind=kind, block=block, vocab_size=int(rng.integers(20, 60)), width=width,
+                depth=int(rng.integers(1, 3)), num_heads=4, max_len=16, dtype=dtype,
+                num_kv_heads=2 if block == 'llama' else 0)
+  tokens = random_tokens(int(rng.integers(100)), common['vocab_size'], batch=2, length=9)
+  out = {}
+  for layout in models.KERNEL_LAYOUTS:
+    model = models.build(models.model_config(**common, kernel_layout=layout))
+    variables = jax.jit(model.init)(jax.random.key(3), tokens)
+    out[layout] = (variables, jax.jit(model.apply)(variables, tokens))
+  (v_oi, y_oi), (v_io, y_io) = out['out_in'], out['in_out']
+  leaves = lambda v: {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(v)}
+  assert any(p.endswith("['weight']") for p in leaves(v_oi))
+  assert not any(p.endswith("['kernel']") and 'router' in p for p in leaves(v_oi))
+  converted = layers.to_kernel_layout(v_io, 'out_in')
+  assert leaves(converted) == leaves(v_oi)
+  assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)),
+                                          converted, v_oi)))
+  back = layers.to_kernel_layout(v_oi, 'in_out')
+  assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), back, v_io)))
+  tol = 1e-5 if dtype == 'float32' else 0.05 * float(jnp.max(jnp.abs(y_io)))
+  assert max_abs_diff(y_oi, y_io) <= tol
+
+
+def test_both_weight_layouts_shard_by_the_same_logical_axes():
+  from ctr_jax import sharding
+  for layout in models.KERNEL_LAYOUTS:
+    cfg = models.model_config(kind='transformer', vocab_size=40, width=16, depth=1,
+                              num_heads=2, max_len=8, kernel_layout=layout)
+    params = jax.eval_shape(models.build(cfg).init, jax.random.key(0),
+                            jnp.zeros((1, 4), jnp.int32))['params']
+    names = {p[-2].key: sharding.param_logical_axes(p, x.shape)
+             for p, x in jax.tree_util.tree_leaves_with_path(params)
+             if p[-1].key in ('weight', 'kernel')}
+    out_in = layout == 'out_in'
+    assert names['fc_in'] == (('mlp', 'embed') if out_in else ('embed', 'mlp'))
+    assert names['head'] == (('vocab', 'embed') if out_in else ('embed', 'vocab'))
+    assert names['query'] == (('heads', 'embed') if out_in else ('embed', 'heads'))
 
 
 def test_unknown_size_name_is_a_clear_error():
@@ -84,7 +133,7 @@ def test_zero_initialised_conversion_reproduces_the_transformer(depth):
   n = crt_cfg.width
   assert models.count_params(crt_vars) - models.count_params(base_vars) == 8 * n * n + 7 * n
   # The correction really is trainable: its input layer is random, only the output is zero.
-  assert float(jnp.abs(crt_vars['params']['correction']['ffn']['fc_in']['kernel']).max()) > 0
+  assert float(jnp.abs(crt_vars['params']['correction']['ffn']['fc_in']['weight']).max()) > 0
 
 
 def test_conversion_refuses_mismatched_sizes():

@@ -70,6 +70,21 @@ def test_interrupted_and_resumed_run_reproduces_losses(data_dir, tmp_path):
   assert train_losses(split) == train_losses(full)  # bit-for-bit on CPU
 
 
+def test_checkpoint_from_before_a_new_model_field_resumes_only_with_its_old_default(
+    data_dir, tmp_path):
+  """A saved config lacking kernel_layout describes an [in, out] checkpoint."""
+  cfg = tiny_train_config(data_dir)
+  saved = json.loads(cfg.model.to_json())
+  del saved['kernel_layout']
+  meta_dir = tmp_path / 'checkpoints' / '4' / 'meta'
+  meta_dir.mkdir(parents=True)
+  (meta_dir / 'metadata').write_text(json.dumps({'config': {'model': saved}, 'step': 4}))
+  with pytest.raises(train.UserError, match='kernel_layout'):
+    train.prepare_workdir(cfg, str(tmp_path))
+  cfg.model.kernel_layout = 'in_out'
+  assert train.prepare_workdir(cfg, str(tmp_path)) == str(tmp_path)
+
+
 @pytest.mark.slow
 def test_one_and_eight_devices_give_the_same_losses(data_dir, tmp_path):
   assert len(jax.devices()) == 8

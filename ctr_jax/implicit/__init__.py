@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from ctr_jax.implicit import algorithm
 from ctr_jax.implicit.blocks import METHODS
+from ctr_jax.implicit import patches
 from ctr_jax.implicit.patches import (MODES, RankOne, apply_patch, gradient_form,
                                       matrix_ranks, patch_deltas)
 from ctr_jax.implicit.stable import rms_inversion, solve_rms_inversion
@@ -123,8 +124,11 @@ def compute_patch(model, variables, context, query, method: str = 'direct',
   if not 0 <= first_layer < model.spec.depth:
     raise ValueError(f'first_layer={first_layer} must be in [0, depth={model.spec.depth})')
   _check_model(model, query.shape[1], context.shape[1] + query.shape[1])
+  layout = model.spec.kernel_layout
+  model, variables = algorithm.in_out(model, variables)
   patch, info = _compute_jit(model, variables, context, query, first_layer=int(first_layer),
                              method=method, mode=mode, loop=loop)
+  patch = patches.to_kernel_layout(patch, layout)
   return (patch, info) if return_info else patch
 
 
@@ -146,6 +150,8 @@ def patched_forward(model, variables, patch, query, start_pos, *, mode: str = 'a
   query = jnp.asarray(query, jnp.int32)
   positions = _positions(start_pos, query.shape[0], query.shape[1])
   _check_model(model, query.shape[1], int(jnp.max(positions)) + 1)
+  model, variables = algorithm.in_out(model, variables)
+  patch = patches.to_kernel_layout(patch, 'in_out')
   return _patched_forward(model, variables, patch, query, positions, mode=mode)
 
 
@@ -179,5 +185,6 @@ def next_token_comparison(model, variables, tokens, lengths, *, method='direct',
                      'the context-ready model')
   lengths = jnp.asarray(lengths, jnp.int32)
   _check_model(model, 1, int(jnp.max(lengths)))
+  model, variables = algorithm.in_out(model, variables)
   return _next_token(model, variables, jnp.asarray(tokens, jnp.int32), lengths - 1,
                      jnp.asarray(first_layer, jnp.int32), method=method, mode=mode, loop=loop)

@@ -14,12 +14,27 @@ so pass 2 applies it at every query position; earlier query tokens attend to eac
 passes, and only the last position is guaranteed to match.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from ctr_jax import decode
 from ctr_jax.implicit import blocks
+from ctr_jax.models import layers
 
 LOOPS = ('closed', 'open')
+
+
+def in_out(model, variables):
+  """The same model with [in, out] dense kernels ('kernel'), the layout the patch code reads.
+
+  Every function below expects it; `ctr_jax.implicit`'s entry points convert on the way in (and
+  patches back to the caller's layout on the way out).
+  """
+  if model.spec.kernel_layout == 'in_out':
+    return model, variables
+  model = model.clone(spec=dataclasses.replace(model.spec, kernel_layout='in_out'))
+  return model, {**variables, 'params': layers.to_kernel_layout(variables['params'], 'in_out')}
 
 
 def _call(model, variables, fn, *args):

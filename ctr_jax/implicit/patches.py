@@ -1,8 +1,9 @@
 """Patch pytrees, rank-1 factors, and dense layers that apply a per-example patch.
 
 A patch mirrors `variables['params']`: only patched leaves are present. A kernel's leaf is a
-`RankOne` (ΔW = left ⊗ right for each example, in the kernel's own [in, out] layout); a vector's
-leaf (a bias or a norm scale) is its additive delta with a leading batch axis.
+`RankOne` (ΔW = left ⊗ right for each example, in the kernel's own [in, out] layout; a [out, in]
+'weight' gets the transposed RankOne); a vector's leaf (a bias or a norm scale) is its additive
+delta with a leading batch axis. The patch code itself works on [in, out] kernels.
 
 Two ways to apply a patch, as the paper's bf16 discussion needs both:
   'action'      W z + (z · left) right, the rank-1 term in float32 (float64 for float64 models);
@@ -22,15 +23,38 @@ MODES = ('action', 'materialise')
 
 @flax.struct.dataclass
 class RankOne:
-  """ΔW[b] = outer(left[b], right[b]): left [B, ..., in], right [B, ..., out]."""
+  """ΔW[b] = outer(left[b], right[b]): left [B, ..., in], right [B, ..., out].
+
+  `transposed` marks the patch of a [out, in] weight (`layers.Linear`): its dense form is then
+  outer(right, left), in the weight's own layout.
+  """
   left: jax.Array
   right: jax.Array
+  transposed: bool = flax.struct.field(pytree_node=False, default=False)
 
   def dense(self) -> jax.Array:
+    if self.transposed:
+      return self.right[..., :, None] * self.left[..., None, :]
     return self.left[..., :, None] * self.right[..., None, :]
 
   def scale(self, factor) -> 'RankOne':
-    return RankOne(self.left, self.right * factor)
+    return RankOne(self.left, self.right * factor, self.transposed)
+
+
+def to_kernel_layout(patch, layout: str):
+  """A patch for parameters in `layout` (see `layers.to_kernel_layout`): the rank-1 patch of a
+  dense layer sits under 'weight' and is transposed for 'out_in', under 'kernel' for 'in_out'."""
+  source, target = ('kernel', 'weight') if layout == 'out_in' else ('weight', 'kernel')
+
+  def convert(node):
+    if not isinstance(node, dict):
+      return node
+    out = {k: convert(v) for k, v in node.items()}
+    if isinstance(out.get(source), RankOne) and out[source].left.ndim == 2:
+      delta = out.pop(source)
+      out[target] = RankOne(delta.left, delta.right, transposed=layout == 'out_in')
+    return out
+  return convert(patch)
 
 
 def is_leaf(x) -> bool:

@@ -212,6 +212,7 @@ class BlockStack(nn.Module):
 def init_cache(spec: ModelSpec, batch_size: int, length: int, dtype=None) -> tuple[Cache, ...]:
   """Zeroed per-layer KV caches for `length` positions."""
   dtype = dtype or compute_dtype(spec)
-  shape = (batch_size, length, spec.num_kv_heads, spec.head_dim)
-  return tuple({'k': jnp.zeros(shape, dtype), 'v': jnp.zeros(shape, dtype)}
+  g, dh = spec.num_kv_heads, spec.head_dim
+  return tuple({'k': jnp.zeros((batch_size * g, dh, length), dtype),
+                'v': jnp.zeros((batch_size * g, length, dh), dtype)}
                for _ in range(spec.depth))

@@ -20,6 +20,7 @@ TRAIN_MODES = ('unroll', 'bptt')
 POSITIONS = ('rope', 'rope_integer', 'learned')
 ACTIVATIONS = ('', 'gelu', 'gelu_tanh', 'silu', 'relu')
 LAYER_TYPES = ('sliding_attention', 'full_attention')
+KERNEL_LAYOUTS = ('out_in', 'in_out')
 
 # Paper sizes (reference section 6.2: the ~85M block-FLOP grid; 16 heads everywhere) and a few
 # CPU-sized names. `d` = context-ready unit of D layers, `t` = plain N-layer transformer.
@@ -83,6 +84,8 @@ def default_model_config() -> ml_collections.ConfigDict:
                               # PyTorch defaults); 'normal': GPT-2 style N(0, 0.02)
   c.dtype = 'float32'         # compute dtype; 'bfloat16' for mixed precision
   c.param_dtype = 'float32'
+  c.kernel_layout = 'out_in'  # dense weights stored [out, in] ('weight', as PyTorch) or [in, out]
+                              # ('kernel', as Flax); same maths, out_in is faster on XLA:CPU
   c.remat = False             # rematerialise each fixed-point iteration (context_ready)
   # Context-ready fields (ignored by kind='transformer').
   c.k_unroll = 5              # K: fixed-point iterations in the parallel forward
@@ -194,6 +197,8 @@ def _validate_family_fields(cfg) -> None:
          'must be >= 0 (0 = head_dim)')
   _check(get('embed_scale') >= 0, 'embed_scale', 'must be >= 0 (0 = family default)')
   _check(get('parallel_norms') in (1, 2), 'parallel_norms', 'must be 1 or 2')
+  _check(get('kernel_layout') in KERNEL_LAYOUTS, 'kernel_layout',
+         f"got {get('kernel_layout')!r}, allowed {list(KERNEL_LAYOUTS)}")
   _check(get('positions') != 'learned' or cfg.block == 'gpt', 'positions',
          f"'learned' positions are only wired into the 'gpt' block, got block={cfg.block!r}")
 
@@ -239,6 +244,8 @@ class ModelSpec:
   embed_scale: float = 0.0
   use_bias: bool = False
   parallel_norms: int = 1
+  # A config saved before kernel_layout existed describes an 'in_out' checkpoint.
+  kernel_layout: str = 'in_out'
 
   @classmethod
   def from_config(cls, cfg) -> 'ModelSpec':
@@ -255,3 +262,8 @@ class ModelSpec:
   @property
   def is_context_ready(self) -> bool:
     return self.kind == 'context_ready'
+
+
+# The defaults of the fields added after the first release (a saved config may lack them).
+SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec)
+                 if f.default is not dataclasses.MISSING}

@@ -8,7 +8,7 @@ chunked prefill). The block families built from these layers live in `ctr_jax.mo
 
 import functools
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -17,7 +17,12 @@ import numpy as np
 
 from ctr_jax.models.config import ModelSpec
 
-Cache = dict[str, jax.Array]  # {'k': [B, S, G, Dh], 'v': [B, S, G, Dh]}
+# Laid out as the two attention products read them (scores q [Dh] x k [Dh, S], output
+# p [S] x v [S, Dh]), with batch and key/value heads merged into one axis N = B*G. A
+# position-major cache was transposed, i.e. copied whole, by every layer at every step; a
+# separate batch axis of size 1 made XLA copy every cache at every step as well (the in-place
+# write and the attention read a reshaped view of it). See docs/benchmarks.md.
+Cache = dict[str, jax.Array]  # {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]}
 
 
 def compute_dtype(spec: ModelSpec):
@@ -43,8 +48,8 @@ def _torch_uniform(fan_in_axis: int = 0):
 
 
 def dense(spec: ModelSpec, features: int, *, use_bias: bool = True, name: str | None = None,
-          fan_in: int | None = None) -> nn.Dense:
-  """A Dense layer with the spec's dtypes and initialiser."""
+          fan_in: int | None = None) -> nn.Module:
+  """A dense layer with the spec's dtypes, initialiser and weight layout (`Linear`/`nn.Dense`)."""
   if spec.init == 'torch':
     kernel_init = _torch_uniform(0)
     # PyTorch draws the bias from the same U(±1/sqrt(fan_in)); fan_in is known only at call time,
@@ -55,8 +60,54 @@ def dense(spec: ModelSpec, features: int, *, use_bias: bool = True, name: str | 
   else:
     kernel_init = nn.initializers.normal(0.02)
     bias_init = nn.initializers.zeros
-  return nn.Dense(features, use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
-                  dtype=compute_dtype(spec), param_dtype=param_dtype(spec), name=name)
+  cls = Linear if spec.kernel_layout == 'out_in' else nn.Dense
+  return cls(features, use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
+             dtype=compute_dtype(spec), param_dtype=param_dtype(spec), name=name)
+
+
+class Linear(nn.Module):
+  """`nn.Dense` with its weight stored [out, in] under the name 'weight' (PyTorch's layout).
+
+  XLA:CPU runs y = x W^T with W [out, in] markedly faster than x K with K [in, out]: a
+  batch-1 decode step is a chain of matrix-vector products, and reading W row by row (a dot
+  product per output) streams memory faster than the column updates K needs; training steps
+  gain too (docs/benchmarks.md). The weight starts as the transpose of the kernel `nn.Dense`
+  would draw from the same key, so both layouts initialise the same function, and the distinct
+  name keeps a checkpoint of one layout from loading silently into the other.
+  """
+  features: int
+  use_bias: bool = True
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  bias_init: Callable = nn.initializers.zeros
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    def weight_init(key, shape, dtype):
+      return self.kernel_init(key, shape[::-1], dtype).T
+    weight = self.param('weight', weight_init, (self.features, x.shape[-1]), self.param_dtype)
+    bias = self.param('bias', self.bias_init, (self.features,), self.param_dtype) \
+        if self.use_bias else None
+    x, weight, bias = nn.dtypes.promote_dtype(x, weight, bias, dtype=self.dtype)
+    y = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
+    return y if bias is None else y + bias
+
+
+def to_kernel_layout(params, layout: str):
+  """`params` with every dense layer's weight in `layout` ('out_in': {'weight': [out, in]},
+  'in_out': {'kernel': [in, out]}); everything else (embeddings, norms, stacked experts) as is.
+  """
+  source, target = ('kernel', 'weight') if layout == 'out_in' else ('weight', 'kernel')
+
+  def convert(node):
+    if not isinstance(node, dict):
+      return node
+    out = {k: convert(v) for k, v in node.items()}
+    if source in out and getattr(out[source], 'ndim', 0) == 2:
+      out[target] = out.pop(source).swapaxes(0, 1)  # numpy or jax, dtype kept
+    return out
+  return convert(params)
 
 
 def embedding_init(spec: ModelSpec):
@@ -193,6 +244,22 @@ def dot_product_attention(q, k, v, mask, scale: float) -> jax.Array:
   return jnp.moveaxis(out, 3, 1).reshape(b, tq, h, dh)
 
 
+def cached_attention(q, k, v, mask, scale: float) -> jax.Array:
+  """Attention of q [B, Tq, H, Dh] over a KV cache: k [B*G, Dh, S], v [B*G, S, Dh] (`Cache`),
+  mask [B, Tq, S] -> [B, Tq, H, Dh]. Scores and softmax in float32 for low-precision inputs."""
+  b, tq, h, dh = q.shape
+  g = k.shape[0] // b
+  r = h // g
+  acc = accumulation_dtype(q.dtype)
+  qh = jnp.transpose(q.reshape(b, tq, g, r, dh), (0, 2, 3, 1, 4)).reshape(b * g, r * tq, dh)
+  logits = jnp.einsum('nqd,nds->nqs', qh, k, preferred_element_type=acc) * scale
+  mask = jnp.broadcast_to(mask[:, None, None], (b, g, r) + mask.shape[1:])
+  logits = jnp.where(mask.reshape(logits.shape), logits, jnp.finfo(acc).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum('nqs,nsd->nqd', probs, v, preferred_element_type=acc).astype(q.dtype)
+  return jnp.transpose(out.reshape(b, g, r, tq, dh), (0, 3, 1, 2, 4)).reshape(b, tq, h, dh)
+
+
 def _attention_probs(q, k, mask, scale):
   acc = accumulation_dtype(q.dtype)
   logits = jnp.einsum('bgrqd,bgkd->bgrqk', q, k, preferred_element_type=acc) * scale
@@ -268,20 +335,24 @@ class Attention(nn.Module):
       q = rope(q, positions, base, self.rope_factor, integer)
       k = rope(k, positions, base, self.rope_factor, integer)
     query_pos = jnp.broadcast_to(positions, (b, t))
+    scale = self.scale or s.head_dim ** -0.5
     if cache is None:
       mask = attention_mask(query_pos, query_pos, self.window)
+      out = dot_product_attention(q, k, v, mask, scale)
       new_cache = None
     else:
-      k_all = jax.lax.dynamic_update_slice(cache['k'], k.astype(cache['k'].dtype),
-                                           (0, cache_index, 0, 0))
-      v_all = jax.lax.dynamic_update_slice(cache['v'], v.astype(cache['v'].dtype),
-                                           (0, cache_index, 0, 0))
+      g, dh = s.num_kv_heads, s.head_dim
+      k_new = jnp.transpose(k, (0, 2, 3, 1)).reshape(b * g, dh, t)
+      v_new = jnp.swapaxes(v, 1, 2).reshape(b * g, t, dh)
+      k_all = jax.lax.dynamic_update_slice(cache['k'], k_new.astype(cache['k'].dtype),
+                                           (0, 0, cache_index))
+      v_all = jax.lax.dynamic_update_slice(cache['v'], v_new.astype(cache['v'].dtype),
+                                           (0, cache_index, 0))
       new_cache = {'k': k_all, 'v': v_all}
-      key_pos = jnp.arange(k_all.shape[1])
+      key_pos = jnp.arange(v_all.shape[1])
       # Slots past the newest token hold zeros; the causal mask already excludes them.
       mask = attention_mask(query_pos, key_pos[None], self.window)
-      k, v = k_all.astype(q.dtype), v_all.astype(q.dtype)
-    out = dot_product_attention(q, k, v, mask, self.scale or s.head_dim ** -0.5)
+      out = cached_attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask, scale)
     out = out.reshape(b, t, s.num_heads * s.head_dim)
     out = dense(s, c, use_bias=self.use_bias, name='out', fan_in=s.num_heads * s.head_dim)(out)
     return out, new_cache
