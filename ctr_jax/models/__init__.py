@@ -20,7 +20,8 @@ from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_rig
 __all__ = [
     'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'SIZES', 'SPEC_DEFAULTS', 'ModelSpec',
     'decode_size', 'default_model_config', 'model_config', 'validate', 'ContextReadyLM',
-    'TransformerLM', 'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of', 'count_params', 'flops_per_token',
+    'TransformerLM', 'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of',
+    'count_params', 'flops_per_token',
 ]
 
 
