@@ -71,6 +71,8 @@ def _positions(start_pos, batch, length):
 
 
 def _compute(model, variables, context, query, first_layer, method, mode, loop):
+  layout = model.spec.kernel_layout
+  model, variables = algorithm.in_out(model, variables)
   b, tc = context.shape
   positions = _positions(tc, b, query.shape[1])
   if model.spec.is_context_ready:
@@ -86,7 +88,8 @@ def _compute(model, variables, context, query, first_layer, method, mode, loop):
     out, patch, layers = algorithm.reduced(model, variables, x, positions, records=records,
                                            method=method, mode=mode, loop=loop,
                                            first_layer=first_layer)
-  return patch, {'baseline_logits': baseline, 'logits': out[:, -1], 'layers': layers}
+  info = {'baseline_logits': baseline, 'logits': out[:, -1], 'layers': layers}
+  return patches.to_kernel_layout(patch, layout), info
 
 
 _compute_jit = jax.jit(_compute, static_argnames=('model', 'first_layer', 'method', 'mode',
@@ -124,16 +127,15 @@ def compute_patch(model, variables, context, query, method: str = 'direct',
   if not 0 <= first_layer < model.spec.depth:
     raise ValueError(f'first_layer={first_layer} must be in [0, depth={model.spec.depth})')
   _check_model(model, query.shape[1], context.shape[1] + query.shape[1])
-  layout = model.spec.kernel_layout
-  model, variables = algorithm.in_out(model, variables)
   patch, info = _compute_jit(model, variables, context, query, first_layer=int(first_layer),
                              method=method, mode=mode, loop=loop)
-  patch = patches.to_kernel_layout(patch, layout)
   return (patch, info) if return_info else patch
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'mode'))
 def _patched_forward(model, variables, patch, query, positions, mode):
+  model, variables = algorithm.in_out(model, variables)
+  patch = patches.to_kernel_layout(patch, 'in_out')
   if model.spec.is_context_ready:
     return algorithm.crt_reduced(model, variables, query, positions, patch=patch, mode=mode)
   x = algorithm.embed(model, variables, query, positions)
@@ -150,13 +152,12 @@ def patched_forward(model, variables, patch, query, start_pos, *, mode: str = 'a
   query = jnp.asarray(query, jnp.int32)
   positions = _positions(start_pos, query.shape[0], query.shape[1])
   _check_model(model, query.shape[1], int(jnp.max(positions)) + 1)
-  model, variables = algorithm.in_out(model, variables)
-  patch = patches.to_kernel_layout(patch, 'in_out')
   return _patched_forward(model, variables, patch, query, positions, mode=mode)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'method', 'mode', 'loop'))
 def _next_token(model, variables, tokens, last, first_layer, method, mode, loop):
+  model, variables = algorithm.in_out(model, variables)
   records, baseline = algorithm.record(model, variables, tokens, last, 1)
   query = jnp.take_along_axis(tokens, last[:, None], axis=1)
   positions = last[:, None]
@@ -185,6 +186,5 @@ def next_token_comparison(model, variables, tokens, lengths, *, method='direct',
                      'the context-ready model')
   lengths = jnp.asarray(lengths, jnp.int32)
   _check_model(model, 1, int(jnp.max(lengths)))
-  model, variables = algorithm.in_out(model, variables)
   return _next_token(model, variables, jnp.asarray(tokens, jnp.int32), lengths - 1,
                      jnp.asarray(first_layer, jnp.int32), method=method, mode=mode, loop=loop)

@@ -44,17 +44,11 @@ class RankOne:
 def to_kernel_layout(patch, layout: str):
   """A patch for parameters in `layout` (see `layers.to_kernel_layout`): the rank-1 patch of a
   dense layer sits under 'weight' and is transposed for 'out_in', under 'kernel' for 'in_out'."""
-  source, target = ('kernel', 'weight') if layout == 'out_in' else ('weight', 'kernel')
-
-  def convert(node):
-    if not isinstance(node, dict):
-      return node
-    out = {k: convert(v) for k, v in node.items()}
-    if isinstance(out.get(source), RankOne) and out[source].left.ndim == 2:
-      delta = out.pop(source)
-      out[target] = RankOne(delta.left, delta.right, transposed=layout == 'out_in')
-    return out
-  return convert(patch)
+  def convert(delta):
+    if isinstance(delta, RankOne) and delta.left.ndim == 2:
+      return RankOne(delta.left, delta.right, transposed=layout == 'out_in')
+    return None
+  return layers.rename_dense_leaves(patch, layout, convert)
 
 
 def is_leaf(x) -> bool:

@@ -94,20 +94,31 @@ class Linear(nn.Module):
     return y if bias is None else y + bias
 
 
+def rename_dense_leaves(tree, layout: str, convert):
+  """Walks a params-shaped tree and moves each dense layer's matrix leaf to `layout`'s name
+  ('weight' for 'out_in', 'kernel' for 'in_out') as `convert(leaf)`; a leaf for which `convert`
+  returns None (not a dense layer's matrix) stays where it is."""
+  source, target = ('kernel', 'weight') if layout == 'out_in' else ('weight', 'kernel')
+
+  def walk(node):
+    if not isinstance(node, dict):
+      return node
+    out = {k: walk(v) for k, v in node.items()}
+    if source in out:
+      converted = convert(out[source])
+      if converted is not None:
+        del out[source]
+        out[target] = converted
+    return out
+  return walk(tree)
+
+
 def to_kernel_layout(params, layout: str):
   """`params` with every dense layer's weight in `layout` ('out_in': {'weight': [out, in]},
   'in_out': {'kernel': [in, out]}); everything else (embeddings, norms, stacked experts) as is.
   """
-  source, target = ('kernel', 'weight') if layout == 'out_in' else ('weight', 'kernel')
-
-  def convert(node):
-    if not isinstance(node, dict):
-      return node
-    out = {k: convert(v) for k, v in node.items()}
-    if source in out and getattr(out[source], 'ndim', 0) == 2:
-      out[target] = out.pop(source).swapaxes(0, 1)  # numpy or jax, dtype kept
-    return out
-  return convert(params)
+  return rename_dense_leaves(  # numpy or jax arrays, dtype kept
+      params, layout, lambda x: x.swapaxes(0, 1) if getattr(x, 'ndim', 0) == 2 else None)
 
 
 def embedding_init(spec: ModelSpec):
