@@ -22,6 +22,7 @@ sys.path.insert(0, ROOT)
 
 from configs.bench import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctr_jax.bench import suite  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ctr_jax.models import attention  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctr_jax.models import layers  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -54,7 +55,7 @@ OVERRIDES = {'in_out': {'kernel_layout': 'in_out'}, 'exact_gelu': {'activation':
 
 def child(what: str, row: str):
   if row == 'autodiff_attention':
-    layers.dot_product_attention = autodiff_attention
+    attention.dot_product_attention = autodiff_attention
   overrides = OVERRIDES.get(row, {})
   if what == 'train':
     print(f'{step_ms(**overrides):.1f}')

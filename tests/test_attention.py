@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ctr_jax.models import layers
+from ctr_jax.models import attention
 
 
 def plain_attention(q, k, v, mask, scale):
@@ -33,7 +33,7 @@ def test_attention_values_and_gradients_match_autodiff(seed, dtype):
   v = jax.random.normal(keys[2], (b, tk, g, dh), dtype)
   cotangent = jax.random.normal(keys[3], (b, tq, h, dh), jnp.float32)
   offset = tk - tq
-  mask = layers.attention_mask(jnp.arange(tq)[None] + offset, jnp.arange(tk)[None],
+  mask = attention.attention_mask(jnp.arange(tq)[None] + offset, jnp.arange(tk)[None],
                                window=int(r.choice([0, 3])))
   scale = dh ** -0.5
 
@@ -41,7 +41,7 @@ def test_attention_values_and_gradients_match_autodiff(seed, dtype):
     return jnp.sum(fn(*qkv, mask, scale).astype(jnp.float32) * cotangent)
 
   ours, ours_grads = jax.value_and_grad(
-      lambda *a: loss(layers.dot_product_attention, *a), argnums=(0, 1, 2))(q, k, v)
+      lambda *a: loss(attention.dot_product_attention, *a), argnums=(0, 1, 2))(q, k, v)
   ref, ref_grads = jax.value_and_grad(
       lambda *a: loss(plain_attention, *a), argnums=(0, 1, 2))(
           *(x.astype(jnp.float32) for x in (q, k, v)))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ctr_jax import decode, models
+from ctr_jax.models import attention
 from ctr_jax.models import layers
 from helpers import FAMILY_OPTIONS, family_lm, max_abs_diff
 
@@ -85,14 +86,14 @@ def test_rms_norm_conventions():
 def test_rope_linear_factor_divides_positions():
   x = jax.random.normal(jax.random.key(3), (1, 4, 2, 8))
   pos = jnp.arange(4)
-  np.testing.assert_allclose(layers.rope(x, 2 * pos, 100.0, factor=2.0),
-                             layers.rope(x, pos, 100.0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(attention.rope(x, 2 * pos, 100.0, factor=2.0),
+                             attention.rope(x, pos, 100.0), rtol=1e-5, atol=1e-6)
 
 
 def test_integer_rope_spins_pair_j_by_j_radians_per_position():
   x = jax.random.normal(jax.random.key(5), (1, 3, 1, 8))
   pos = jnp.array([0, 1, 5])
-  y = np.asarray(layers.rope(x, pos, 1.0, integer=True))
+  y = np.asarray(attention.rope(x, pos, 1.0, integer=True))
   xc = np.asarray(x[..., :4]) + 1j * np.asarray(x[..., 4:])   # pair (j, j + 4) as a complex
   expected = xc * np.exp(1j * np.asarray(pos)[None, :, None, None] * np.arange(4))
   np.testing.assert_allclose(y[..., :4] + 1j * y[..., 4:], expected, rtol=1e-5, atol=1e-5)

@@ -26,9 +26,9 @@ def _computations(hlo: str) -> dict[str, list[str]]:
   return comps
 
 
-def loop_cache_copies(hlo: str, cache_dims) -> list[str]:
-  """Whole-cache copies and transposes that run inside a while loop (every step), including
-  inside the fusions and calls the loop bodies reach."""
+def loop_computations(hlo: str) -> dict[str, list[str]]:
+  """The computations that run inside a while loop (every step): the loop bodies and the
+  fusions and calls they reach."""
   comps = _computations(hlo)
   called = lambda lines: {c for line in lines
                           for c in re.findall(r'(?:calls|body|to_apply|branch_computations|'
@@ -43,13 +43,19 @@ def loop_cache_copies(hlo: str, cache_dims) -> list[str]:
       continue
     seen.add(name)
     todo |= called(comps[name])
+  return {name: comps[name] for name in seen}
+
+
+def loop_cache_copies(hlo: str, cache_dims) -> list[str]:
+  """Whole-cache copies and transposes that run inside a while loop (every step), including
+  inside the fusions and calls the loop bodies reach."""
   # A cache's elements under any axis order (a copy or a transpose of the whole cache);
   # unit axes are dropped, as XLA's bitcasts drop them.
   key = lambda dims: tuple(sorted(d for d in dims if d != 1))
   wanted = {key(dims) for dims in cache_dims}
   found = []
-  for name in seen:
-    for line in comps[name]:
+  for lines in loop_computations(hlo).values():
+    for line in lines:
       m = re.search(r'= f32\[([\d,]*)\]\{[\d,]*\} (?:copy|transpose)\(', line)
       if m and key(int(d) for d in m.group(1).split(',') if d) in wanted:
         found.append(line.strip())

@@ -11,8 +11,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from ctr_jax.models.config import ModelSpec
-from ctr_jax.models.layers import (Attention, Cache, GatedMlp, Mlp, MoeMlp, RMSNorm,
-                                   activation_name, compute_dtype, layer_norm)
+from ctr_jax.models.attention import Attention, Cache
+from ctr_jax.models.layers import (GatedMlp, Mlp, MoeMlp, RMSNorm, activation_name, compute_dtype,
+                                   layer_norm)
 
 # ------------------------------------------------------------------------------------------------
 # Block families.

@@ -1,9 +1,8 @@
-"""Transformer building blocks shared by every model (notation: ctr_jax/notation.py).
+"""Building blocks shared by every model (notation: ctr_jax/notation.py): dense layers and their
+weight layouts, initialisers, norms, activations and the feed-forward networks.
 
-One `__call__` signature everywhere: `(x [B, T, C], positions [B, T] or [T], cache, cache_index,
-deterministic) -> (y, new_cache)`. With `cache=None` a layer attends causally within `x`; with a
-cache it writes its keys/values at `cache_index` and attends over the whole cache (step decode,
-chunked prefill). The block families built from these layers live in `ctr_jax.models.blocks`.
+Attention and RoPE live in `ctr_jax.models.attention`, the block families built from both in
+`ctr_jax.models.blocks`.
 """
 
 import functools
@@ -13,16 +12,8 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ctr_jax.models.config import ModelSpec
-
-# Laid out as the two attention products read them (scores q [Dh] x k [Dh, S], output
-# p [S] x v [S, Dh]), with batch and key/value heads merged into one axis N = B*G. A
-# position-major cache was transposed, i.e. copied whole, by every layer at every step; a
-# separate batch axis of size 1 made XLA copy every cache at every step as well (the in-place
-# write and the attention read a reshaped view of it). See docs/benchmarks.md.
-Cache = dict[str, jax.Array]  # {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]}
 
 
 def compute_dtype(spec: ModelSpec):
@@ -189,184 +180,6 @@ def embed_scale(spec: ModelSpec) -> float:
   if spec.embed_scale:
     return float(spec.embed_scale)
   return math.sqrt(spec.width) if spec.block == 'gemma' else 1.0
-
-
-# ------------------------------------------------------------------------------------------------
-# Rotary position embedding.
-# ------------------------------------------------------------------------------------------------
-
-
-def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0,
-         integer: bool = False) -> jax.Array:
-  """Rotates pairs (i, i + Dh/2) of x [B, T, H, Dh] by angle position * base^(-2i/Dh) / factor.
-
-  `factor` is linear RoPE scaling. `integer` uses angle position * i instead (base unused): the
-  author's code (reference 1.5), whose pairs spin at 0, 1, 2, ... radians per position; which
-  dimensions form a pair does not matter to the model, so only the frequencies differ.
-  Angles are float32 (float64 for a float64 model).
-  """
-  dtype = accumulation_dtype(x.dtype)
-  half = x.shape[-1] // 2
-  if integer:
-    inv_freq = jnp.arange(half, dtype=dtype)
-  else:
-    inv_freq = base ** (-jnp.arange(half, dtype=dtype) / half)
-  if factor != 1.0:
-    inv_freq = inv_freq / factor
-  angles = positions.astype(dtype)[..., None] * inv_freq  # [B, T, Dh/2] or [T, Dh/2]
-  if angles.ndim == 2:
-    angles = angles[None]
-  sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
-  x1, x2 = x[..., :half].astype(dtype), x[..., half:].astype(dtype)
-  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return rotated.astype(x.dtype)
-
-
-# ------------------------------------------------------------------------------------------------
-# Attention with an optional KV cache.
-# ------------------------------------------------------------------------------------------------
-
-
-def attention_mask(query_pos: jax.Array, key_pos: jax.Array, window: int = 0) -> jax.Array:
-  """Causal (and optionally sliding-window) mask [.., Tq, Tk] from absolute positions."""
-  allowed = key_pos[..., None, :] <= query_pos[..., :, None]
-  if window:
-    allowed &= key_pos[..., None, :] > query_pos[..., :, None] - window
-  return allowed
-
-
-def dot_product_attention(q, k, v, mask, scale: float) -> jax.Array:
-  """q [B, Tq, H, Dh], k/v [B, Tk, G, Dh], mask broadcastable to [B, Tq, Tk] -> [B, Tq, H, Dh].
-
-  Heads are moved in front of the positions once, so the four batched matmuls of the forward
-  and backward pass run on contiguous [T, Dh] tiles; the hand-written backward pass reuses the
-  saved probabilities and takes the softmax correction from rowsum(dO * O) (a [T] vector per
-  head) instead of a pass over the [Tq, Tk] scores. Both were measured faster than autodiff of
-  the plain formula on CPU (docs/benchmarks.md). Scores and softmax are float32 for low-precision
-  inputs.
-  """
-  b, tq, h, dh = q.shape
-  g = k.shape[2]
-  if mask.ndim == 2:
-    mask = mask[None]
-  q = jnp.moveaxis(q.reshape(b, tq, g, h // g, dh), 1, 3)  # [B, G, R, Tq, Dh]
-  k, v = jnp.moveaxis(k, 1, 2), jnp.moveaxis(v, 1, 2)    # [B, G, Tk, Dh]
-  out = _attention(q, k, v, jnp.broadcast_to(mask, (b,) + mask.shape[1:]), scale)
-  return jnp.moveaxis(out, 3, 1).reshape(b, tq, h, dh)
-
-
-def cached_attention(q, k, v, mask, scale: float) -> jax.Array:
-  """Attention of q [B, Tq, H, Dh] over a KV cache: k [B*G, Dh, S], v [B*G, S, Dh] (`Cache`),
-  mask [B, Tq, S] -> [B, Tq, H, Dh]. Scores and softmax in float32 for low-precision inputs."""
-  b, tq, h, dh = q.shape
-  g = k.shape[0] // b
-  r = h // g
-  acc = accumulation_dtype(q.dtype)
-  qh = jnp.transpose(q.reshape(b, tq, g, r, dh), (0, 2, 3, 1, 4)).reshape(b * g, r * tq, dh)
-  logits = jnp.einsum('nqd,nds->nqs', qh, k, preferred_element_type=acc) * scale
-  mask = jnp.broadcast_to(mask[:, None, None], (b, g, r) + mask.shape[1:])
-  logits = jnp.where(mask.reshape(logits.shape), logits, jnp.finfo(acc).min)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  out = jnp.einsum('nqs,nsd->nqd', probs, v, preferred_element_type=acc).astype(q.dtype)
-  return jnp.transpose(out.reshape(b, g, r, tq, dh), (0, 3, 1, 2, 4)).reshape(b, tq, h, dh)
-
-
-def _attention_probs(q, k, mask, scale):
-  acc = accumulation_dtype(q.dtype)
-  logits = jnp.einsum('bgrqd,bgkd->bgrqk', q, k, preferred_element_type=acc) * scale
-  # finfo.min, not -inf: a fully masked row then averages instead of producing NaN.
-  logits = jnp.where(mask[:, None, None], logits, jnp.finfo(acc).min)
-  unnormalised = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-  return unnormalised * (1.0 / jnp.sum(unnormalised, axis=-1, keepdims=True))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, mask, scale):
-  return _attention_forward(q, k, v, mask, scale)[0]
-
-
-def _attention_forward(q, k, v, mask, scale):
-  probs = _attention_probs(q, k, mask, scale)
-  out = jnp.einsum('bgrqk,bgkd->bgrqd', probs.astype(v.dtype), v,
-                   preferred_element_type=probs.dtype).astype(q.dtype)
-  return out, (q, k, v, mask, probs, out)
-
-
-def _attention_backward(scale, residuals, d_out):
-  q, k, v, mask, probs, out = residuals
-  acc = probs.dtype
-  d_out_acc = d_out.astype(acc)
-  dv = jnp.einsum('bgrqk,bgrqd->bgkd', probs, d_out_acc)
-  d_probs = jnp.einsum('bgrqd,bgkd->bgrqk', d_out, v, preferred_element_type=acc)
-  # Softmax backward: rowsum(dP * P) == rowsum(dO * O) per query.
-  delta = jnp.sum(d_out_acc * out.astype(acc), axis=-1, keepdims=True)
-  d_logits = probs * (d_probs - delta) * scale
-  dq = jnp.einsum('bgrqk,bgkd->bgrqd', d_logits, k.astype(acc))
-  dk = jnp.einsum('bgrqk,bgrqd->bgkd', d_logits, q.astype(acc))
-  d_mask = np.zeros(mask.shape, jax.dtypes.float0)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_mask
-
-
-_attention.defvjp(_attention_forward, _attention_backward)
-
-
-class Attention(nn.Module):
-  """Multi-head (or grouped/multi-query) causal self-attention with RoPE.
-
-  Query head h reads key/value head h // (H / G), the grouping of Hugging Face's repeat_kv.
-  `rope_base` 0 means spec.rope_base; `scale` 0 means Dh^-0.5; `qk_norm` 'gemma' or 'llama'
-  normalises each query and key head (RMSNorm over Dh) before the rotation. No rotation at all
-  with spec.positions == 'learned'; 'rope_integer' uses the author's integer angles.
-  """
-  spec: ModelSpec
-  use_bias: bool = True
-  window: int = 0
-  rope_base: float = 0.0
-  rope_factor: float = 1.0
-  qk_norm: str = ''
-  scale: float = 0.0
-
-  @nn.compact
-  def __call__(self, x, positions, cache: Cache | None = None, cache_index=None):
-    s = self.spec
-    c = x.shape[-1]
-    b, t = x.shape[:2]
-    q = dense(s, s.num_heads * s.head_dim, use_bias=self.use_bias, name='query', fan_in=c)(x)
-    k = dense(s, s.num_kv_heads * s.head_dim, use_bias=self.use_bias, name='key', fan_in=c)(x)
-    v = dense(s, s.num_kv_heads * s.head_dim, use_bias=self.use_bias, name='value', fan_in=c)(x)
-    q = q.reshape(b, t, s.num_heads, s.head_dim)
-    k = k.reshape(b, t, s.num_kv_heads, s.head_dim)
-    v = v.reshape(b, t, s.num_kv_heads, s.head_dim)
-    if self.qk_norm:
-      gemma_style = self.qk_norm == 'gemma'
-      q = RMSNorm(s, offset=gemma_style, name='q_norm')(q)
-      k = RMSNorm(s, offset=gemma_style, name='k_norm')(k)
-    if s.positions != 'learned':
-      base, integer = self.rope_base or s.rope_base, s.positions == 'rope_integer'
-      q = rope(q, positions, base, self.rope_factor, integer)
-      k = rope(k, positions, base, self.rope_factor, integer)
-    query_pos = jnp.broadcast_to(positions, (b, t))
-    scale = self.scale or s.head_dim ** -0.5
-    if cache is None:
-      mask = attention_mask(query_pos, query_pos, self.window)
-      out = dot_product_attention(q, k, v, mask, scale)
-      new_cache = None
-    else:
-      g, dh = s.num_kv_heads, s.head_dim
-      k_new = jnp.transpose(k, (0, 2, 3, 1)).reshape(b * g, dh, t)
-      v_new = jnp.swapaxes(v, 1, 2).reshape(b * g, t, dh)
-      k_all = jax.lax.dynamic_update_slice(cache['k'], k_new.astype(cache['k'].dtype),
-                                           (0, 0, cache_index))
-      v_all = jax.lax.dynamic_update_slice(cache['v'], v_new.astype(cache['v'].dtype),
-                                           (0, cache_index, 0))
-      new_cache = {'k': k_all, 'v': v_all}
-      key_pos = jnp.arange(v_all.shape[1])
-      # Slots past the newest token hold zeros; the causal mask already excludes them.
-      mask = attention_mask(query_pos, key_pos[None], self.window)
-      out = cached_attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask, scale)
-    out = out.reshape(b, t, s.num_heads * s.head_dim)
-    out = dense(s, c, use_bias=self.use_bias, name='out', fan_in=s.num_heads * s.head_dim)(out)
-    return out, new_cache
 
 
 class Mlp(nn.Module):

@@ -40,7 +40,7 @@ def shift_right(x: jax.Array) -> jax.Array:
 class DecodeState:
   """What a model carries from one position to the next during exact sequential inference.
 
-  caches:   per-layer {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]} (layers.Cache); S = the longest
+  caches:   per-layer {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]} (attention.Cache); S = the longest
             sequence this state holds.
   feedback: [B, C] the cached block output z_{t-1} of the context-ready model (for the
             correction='none' ablation, the block delta z_{t-1} - u_{t-1}); unused by transformers.
