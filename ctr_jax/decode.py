@@ -22,7 +22,7 @@ from ctr_jax.models import layers
 from ctr_jax.models.recurrence import DecodeState, shift_right
 
 __all__ = ['DecodeState', 'init_decode_state', 'position_scan', 'sequential_logits', 'prefill',
-           'parallel_prefill', 'sample_logits', 'generate']
+           'parallel_prefill', 'sample_logits', 'continue_generation', 'generate']
 
 
 def init_decode_state(model, batch_size: int, length: int) -> DecodeState:
@@ -49,11 +49,21 @@ def sequential_logits(model, variables, tokens: jax.Array) -> jax.Array:
   return position_scan(model, attention.fuse_qkv(variables), tokens, state)[0]
 
 
+def _prefill(model, fused_variables, prompt, length):
+  state = init_decode_state(model, prompt.shape[0], length)
+  if model.spec.is_context_ready:
+    return position_scan(model, fused_variables, prompt, state)
+  # A transformer's cache entries do not depend on later positions: one parallel pass fills them.
+  return model.apply(fused_variables, prompt, decode_state=state)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def prefill(model, variables, prompt: jax.Array, length: int):
-  """Runs the prompt [B, T0] through a fresh state of `length` slots; returns (logits, state)."""
-  state = init_decode_state(model, prompt.shape[0], length)
-  return position_scan(model, attention.fuse_qkv(variables), prompt, state)
+  """Runs the prompt [B, T0] through a fresh state of `length` slots; returns (logits, state).
+
+  Exact for both kinds: a context-ready model by the position scan, a transformer in one pass.
+  """
+  return _prefill(model, attention.fuse_qkv(variables), prompt, length)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 5))
@@ -121,25 +131,35 @@ def sample_logits(logits: jax.Array, rng, temperature, top_k: int = 0) -> jax.Ar
   return jax.lax.cond(jnp.asarray(temperature) > 0, sample, greedy)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 6))
-def _generate(model, variables, prompt, num_tokens, rng, temperature, top_k):
-  variables = attention.fuse_qkv(variables)
-  t0 = prompt.shape[1]
-  state = init_decode_state(model, prompt.shape[0], t0 + num_tokens)
-  if model.spec.is_context_ready:
-    logits, state = position_scan(model, variables, prompt, state)
-  else:  # a transformer fills its caches in one parallel pass
-    logits, state = model.apply(variables, prompt, decode_state=state)
-
+def _sample_loop(model, fused_variables, last_logits, state, num_tokens, rng, temperature, top_k):
   def step(carry, step_rng):
-    last_logits, st = carry
-    token = sample_logits(last_logits, step_rng, temperature, top_k)
-    new_logits, st = model.apply(variables, token[:, None], decode_state=st)
+    logits, st = carry
+    token = sample_logits(logits, step_rng, temperature, top_k)
+    new_logits, st = model.apply(fused_variables, token[:, None], decode_state=st)
     return (new_logits[:, 0], st), token
 
   rngs = jax.random.split(rng, num_tokens)
-  _, tokens = jax.lax.scan(step, (logits[:, -1], state), rngs)
-  return jnp.concatenate([prompt, jnp.swapaxes(tokens, 0, 1)], axis=1)
+  (_, state), tokens = jax.lax.scan(step, (last_logits, state), rngs)
+  return jnp.swapaxes(tokens, 0, 1), state
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 7))
+def continue_generation(model, variables, last_logits: jax.Array, state: DecodeState,
+                        num_tokens: int, rng, temperature, top_k: int = 0):
+  """Samples `num_tokens` tokens after a prefilled `state` whose last logits [B, V] are given
+  (e.g. `logits[:, -1]` of `prefill`); returns (tokens [B, num_tokens], state). The state needs
+  `num_tokens` free slots. Timing this alone measures decode steps without the prefill."""
+  return _sample_loop(model, attention.fuse_qkv(variables), last_logits, state, num_tokens, rng,
+                      temperature, top_k)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 6))
+def _generate(model, variables, prompt, num_tokens, rng, temperature, top_k):
+  variables = attention.fuse_qkv(variables)
+  logits, state = _prefill(model, variables, prompt, prompt.shape[1] + num_tokens)
+  tokens, _ = _sample_loop(model, variables, logits[:, -1], state, num_tokens, rng, temperature,
+                           top_k)
+  return jnp.concatenate([prompt, tokens], axis=1)
 
 
 def generate(model, variables, prompt: jax.Array, num_tokens: int, rng, temperature: float = 0.0,

@@ -6,7 +6,8 @@ a time (medians after warm-up; the tables in docs/benchmarks.md).
 
 Training rows: the current code; [in, out] dense kernels (the previous layout); attention by
 autodiff of the plain einsum formula (the previous kernel); exact-erf GELU instead of GPT-2's tanh
-form; XLA:CPU without YNNPACK dot fusions. Decode rows: the current code; [in, out] kernels.
+form; XLA:CPU without YNNPACK dot fusions. Decode rows: the current code; [in, out] kernels;
+three query/key/value products per layer instead of the one `attention.fuse_qkv` prepares.
 Each row runs in a fresh process, so XLA flags and monkeypatches do not leak between rows.
 """
 
@@ -56,6 +57,8 @@ OVERRIDES = {'in_out': {'kernel_layout': 'in_out'}, 'exact_gelu': {'activation':
 def child(what: str, row: str):
   if row == 'autodiff_attention':
     attention.dot_product_attention = autodiff_attention
+  if row == 'unfused_qkv':
+    attention.fuse_qkv = lambda variables: variables
   overrides = OVERRIDES.get(row, {})
   if what == 'train':
     print(f'{step_ms(**overrides):.1f}')
@@ -77,7 +80,8 @@ def main():
   if '--decode' in sys.argv[1:]:
     print('| variant of t6_c512 (peer shape), greedy decode | B = 1 ms/token | B = 8 ms/token |')
     print('|---|---|---|')
-    for label, row in [('current code', 'current'), ('[in, out] kernels', 'in_out')]:
+    for label, row in [('current code', 'current'), ('[in, out] kernels', 'in_out'),
+                       ('separate q/k/v products (no `fuse_qkv`)', 'unfused_qkv')]:
       b1, b8 = run_row('decode', row)
       print(f'| {label} | {b1:.2f} | {b8:.2f} |', flush=True)
     return

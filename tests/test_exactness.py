@@ -86,6 +86,20 @@ def test_greedy_generate_is_the_argmax_rollout_of_teacher_forcing(kind):
   np.testing.assert_array_equal(np.argmax(teacher[:, 3:], axis=-1), out[:, 4:])
 
 
+@pytest.mark.parametrize('kind', ['context_ready', 'transformer'])
+def test_prefill_then_continue_generation_equals_generate(kind):
+  _, model, variables, _ = random_model(9, kind=kind, depth=2)
+  prompt = random_tokens(9, model.spec.vocab_size, batch=2, length=5)
+  rng = jax.random.key(4)
+  whole = decode.generate(model, variables, prompt, 6, rng, temperature=0.7)
+  logits, state = decode.prefill(model, variables, prompt, 5 + 6)
+  assert max_abs_diff(logits, model.apply(variables, prompt, k_unroll=6)) <= 1e-4
+  tokens, state = decode.continue_generation(model, variables, logits[:, -1], state, 6, rng,
+                                             jnp.float32(0.7))
+  np.testing.assert_array_equal(whole[:, 5:], tokens)
+  assert int(state.index) == 11
+
+
 def test_sampling_respects_top_k_and_seed():
   _, model, variables, _ = random_model(8, depth=1)
   prompt = random_tokens(8, model.spec.vocab_size, batch=4, length=3)
