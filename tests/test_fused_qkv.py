@@ -52,6 +52,9 @@ def test_fused_projection_is_what_attention_reads(kind):
   out = _scan(model, {**fused, 'params': poisoned}, tokens)
   assert np.all(np.isfinite(np.asarray(out)))
   assert max_abs_diff(out, decode.sequential_logits(model, variables, tokens)) <= 1e-5
+  # Fused variables pass through the decode entry points as they are (fuse once, decode often).
+  again = decode.sequential_logits(model, {**fused, 'params': poisoned}, tokens)
+  assert max_abs_diff(again, out) <= 1e-5
 
 
 def test_generate_fuses_once_outside_the_loop():
