@@ -144,13 +144,24 @@ def _sample_loop(model, fused_variables, last_logits, state, num_tokens, rng, te
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 7))
-def continue_generation(model, variables, last_logits: jax.Array, state: DecodeState,
-                        num_tokens: int, rng, temperature, top_k: int = 0):
-  """Samples `num_tokens` tokens after a prefilled `state` whose last logits [B, V] are given
-  (e.g. `logits[:, -1]` of `prefill`); returns (tokens [B, num_tokens], state). The state needs
-  `num_tokens` free slots. Timing this alone measures decode steps without the prefill."""
+def _continue(model, variables, last_logits, state, num_tokens, rng, temperature, top_k):
   return _sample_loop(model, attention.fuse_qkv(variables), last_logits, state, num_tokens, rng,
                       temperature, top_k)
+
+
+def continue_generation(model, variables, last_logits: jax.Array, state: DecodeState,
+                        num_tokens: int, rng, temperature: float = 0.0, top_k: int = 0):
+  """Samples `num_tokens` tokens after a prefilled `state` whose last logits [B, V] are given
+  (e.g. `logits[:, -1]` of `prefill`); returns (tokens [B, num_tokens], state). Timing this alone
+  measures decode steps without the prefill."""
+  if num_tokens < 1:
+    raise ValueError(f'num_tokens must be >= 1, got {num_tokens}')
+  slots = jax.tree.leaves(state.caches)[0].shape[-1] if state.caches else None
+  if slots is not None and int(state.index) + num_tokens > slots:
+    raise ValueError(f'the state holds {slots} positions and {int(state.index)} are used; '
+                     f'{num_tokens} more do not fit (prefill with a larger length)')
+  return _continue(model, variables, last_logits, state, int(num_tokens), rng,
+                   jnp.float32(temperature), int(top_k))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 6))

@@ -98,6 +98,8 @@ def test_prefill_then_continue_generation_equals_generate(kind):
                                              jnp.float32(0.7))
   np.testing.assert_array_equal(whole[:, 5:], tokens)
   assert int(state.index) == 11
+  with pytest.raises(ValueError, match='do not fit'):
+    decode.continue_generation(model, variables, logits[:, -1], state, 1, rng)
 
 
 def test_sampling_respects_top_k_and_seed():
