@@ -81,7 +81,7 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
   state = init_decode_state(model, prompt.shape[0], length)
   variables = attention.fuse_qkv(variables)
   if not model.spec.is_context_ready:
-    logits, state = model.apply(variables, prompt, decode_state=state)
+    logits, state = _prefill(model, variables, prompt, length)
     return logits, state, jnp.ones((), jnp.int32)
   if model.spec.cumulative:
     raise ValueError('model.cumulative=True has no exact sequential form; it cannot be prefilled')
@@ -156,8 +156,8 @@ def continue_generation(model, variables, last_logits: jax.Array, state: DecodeS
   measures decode steps without the prefill."""
   if num_tokens < 1:
     raise ValueError(f'num_tokens must be >= 1, got {num_tokens}')
-  slots = jax.tree.leaves(state.caches)[0].shape[-1] if state.caches else None
-  if slots is not None and int(state.index) + num_tokens > slots:
+  slots = state.caches[0]['v'].shape[1]  # [B*G, S, Dh]
+  if int(state.index) + num_tokens > slots:
     raise ValueError(f'the state holds {slots} positions and {int(state.index)} are used; '
                      f'{num_tokens} more do not fit (prefill with a larger length)')
   return _continue(model, variables, last_logits, state, int(num_tokens), rng,

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ctr_jax.models.config import ModelSpec
-from ctr_jax.models.layers import RMSNorm, accumulation_dtype, compute_dtype, dense
+from ctr_jax.models.layers import RMSNorm, accumulation_dtype, compute_dtype, dense, linear
 
 # Laid out as the two attention products read them (scores q [Dh] x k [Dh, S], output
 # p [S] x v [S, Dh]), with batch and key/value heads merged into one axis N = B*G. A
@@ -209,12 +209,10 @@ class Attention(nn.Module):
     """q, k, v from the one concatenated matrix `fuse_qkv` made; the same arithmetic per output
     as the three dense layers (their dtype promotion, their weight layout)."""
     s = self.spec
-    weight_axis = 1 if 'weight' in fused else 0  # [3 out, in] or [in, 3 out]
-    x, w, b = nn.dtypes.promote_dtype(x, fused.get('weight', fused.get('kernel')),
-                                      fused.get('bias'), dtype=compute_dtype(s))
-    y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (weight_axis,)), ((), ())))
-    if b is not None:
-      y = y + b
+    if 'weight' in fused:  # [3 out, in]
+      y = linear(x, fused['weight'], fused.get('bias'), compute_dtype(s))
+    else:  # [in, 3 out]
+      y = linear(x, fused['kernel'], fused.get('bias'), compute_dtype(s), weight_axis=0)
     q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     return y[..., :q_size], y[..., q_size:q_size + kv_size], y[..., q_size + kv_size:]
 

@@ -80,9 +80,15 @@ class Linear(nn.Module):
     weight = self.param('weight', weight_init, (self.features, x.shape[-1]), self.param_dtype)
     bias = self.param('bias', self.bias_init, (self.features,), self.param_dtype) \
         if self.use_bias else None
-    x, weight, bias = nn.dtypes.promote_dtype(x, weight, bias, dtype=self.dtype)
-    y = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
-    return y if bias is None else y + bias
+    return linear(x, weight, bias, self.dtype)
+
+
+def linear(x, weight, bias, dtype, weight_axis: int = 1):
+  """x W^T + b (weight [out, in], `weight_axis` 1) or x K + b (kernel [in, out], 0), with Flax's
+  dtype promotion: the arithmetic of `Linear` and `nn.Dense`, for callers holding the arrays."""
+  x, weight, bias = nn.dtypes.promote_dtype(x, weight, bias, dtype=dtype)
+  y = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (weight_axis,)), ((), ())))
+  return y if bias is None else y + bias
 
 
 def rename_dense_leaves(tree, layout: str, convert):
