@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from ctr_jax import train
+from ctr_jax import train, train_step
 from helpers import tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +34,7 @@ def train_losses(workdir):
 
 def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
-  full = {'model.k_min': 2, 'eval_sequential': True, 'sample.num_tokens': 4}
+  full = {'train.k_min': 2, 'eval_sequential': True, 'sample.num_tokens': 4}
   summary = train.train_and_evaluate(tiny_train_config(data_dir, **full), workdir)
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'tensorboard'):
     assert os.path.exists(os.path.join(workdir, name)), name
@@ -103,10 +103,14 @@ def test_one_and_eight_devices_give_the_same_losses(data_dir, tmp_path):
 
 
 def test_random_depth_draws_are_reproducible():
-  cfg = tiny_train_config('/unused', **{'model.k_min': 2}).model
-  draws = [train.k_for_step(cfg, 0, s) for s in range(200)]
+  cfg = tiny_train_config('/unused', **{'train.k_min': 2})
+  draws = [train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(200)]
   assert set(draws) == {2, 3}
-  assert draws == [train.k_for_step(cfg, 0, s) for s in range(200)]
+  assert draws == [train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(200)]
+  # The draws of runs made before the recipe moved to config.train (resumes reproduce them).
+  assert draws[:12] == [3, 3, 2, 3, 2, 2, 3, 3, 2, 2, 3, 2]
+  cfg.train.mode = 'bptt'  # BPTT has no K: one compiled step
+  assert {train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(20)} == {3}
 
 
 def _run_main(args, env_extra=None, timeout=240):
@@ -140,6 +144,9 @@ BAD_INPUTS = {
     'missing_manual_dir': (['--config.data.name=openwebtext',
                             '--config.data.manual_dir=/nonexistent/owt'], 'manual_dir'),
     'bad_config_arg': (['--config=configs/quickstart.py:bogus=1'], 'bogus'),
+    'moved_model_field': (['--config.model.k_min=2'], 'config.train.k_min'),
+    'bptt_transformer': (['--config=configs/quickstart.py:transformer', '--config.train.mode=bptt'],
+                         'config.train.mode'),
 }
 
 
@@ -199,7 +206,7 @@ import jax
 jax.config.update('jax_cpu_collectives_implementation', 'gloo')
 jax.distributed.initialize(coordinator_address='127.0.0.1:{port}', num_processes=2,
                            process_id={pid})
-from ctr_jax import train
+from ctr_jax import train, train_step
 from helpers import tiny_train_config
 cfg = tiny_train_config({data_dir!r}, total_steps=3, eval_every=100, checkpoint_every=3)
 cfg.sample.num_tokens = 0
