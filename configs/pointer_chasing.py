@@ -10,7 +10,8 @@ r"""Pointer chasing (paper section 5.6): depth separation between transformers a
 Args:
   hops:  table levels H (T = 42H + 2 tokens, vocabulary 4 + 8H + 16).
   model: 't<N>'      N-layer transformer;
-         'd1_bptt'   D=1 context-ready model trained through the exact sequential forward (BPTT);
+         'd1_bptt'   D=1 context-ready model trained through the exact sequential forward (BPTT,
+                     config.train.mode='bptt');
          'd1_k<K>'   D=1 context-ready model trained with the parallel K-step unroll.
   steps: training steps (the author trained 5K-10K).
   entry_targets: 1 adds helper targets on the target side of every index-table entry (`a6=b4`:
