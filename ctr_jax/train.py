@@ -188,9 +188,9 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
                              f'[{step - len(host) + 1}, {step}]: {mean}')
         elapsed = time.perf_counter() - window_start
         tokens_per_second = len(host) * tokens_per_step / max(elapsed, 1e-9)
-        # The loss's own metrics under the task's names, then the optimiser's.
-        logged = {tasks.metric_name(task, k): v for k, v in mean.items()
-                  if k not in OPTIMIZER_METRICS}
+        # The loss's own metrics under the task's names ('loss' first), then the optimiser's.
+        own = sorted(set(mean) - {'loss', *OPTIMIZER_METRICS})
+        logged = {tasks.metric_name(task, k): mean[k] for k in ['loss', *own]}
         writer.write(step, {**logged, **{k: mean[k] for k in OPTIMIZER_METRICS},
                             'learning_rate': float(schedule(step - 1)),
                             'tokens_per_second': tokens_per_second})
