@@ -18,14 +18,21 @@ def get_base() -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = models.model_config()  # see ctr_jax/models/config.py for the model fields
 
+  # The training recipe (ctr_jax/train_step.py): how batches are trained, not what the model is,
+  # so a resumed run may change it.
+  c.train = ml_collections.ConfigDict()
+  c.train.mode = 'unroll'        # 'unroll' (parallel K-step forward) | 'bptt' (backpropagation
+                                 # through the exact sequential forward; context-ready only)
+  c.train.k_min = 0              # >0: K ~ Uniform{k_min..model.k_unroll} per batch; 0 = fixed K
+  c.train.convergence_weight = 0.1  # lambda of MSE(e + c^(K), stopgrad(e + c^(K-1))) (unroll)
+  c.train.remat = False          # rematerialise each fixed-point iteration (unroll)
+
   c.data = ml_collections.ConfigDict()
   c.data.name = 'kjv_bible'      # 'kjv_bible' | 'openwebtext' | 'wikipedia' | 'pointer_chasing'
   c.data.data_dir = ''           # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets
   c.data.manual_dir = ''         # raw archives for openwebtext / wikipedia
   c.data.seq_len = 256           # T, the paper's "block size"
-  c.data.hops = 3                # pointer_chasing only: number of table levels H
-  c.data.entry_targets = False   # pointer_chasing only: helper targets on index-table entries
-  c.data.equals_targets = False  # pointer_chasing only: helper targets on every entry's '='
+                                 # (configs/pointer_chasing.py adds the pointer task's fields)
 
   c.batch_size = 64              # global batch (split over processes and data/fsdp devices)
   c.total_steps = 100_000
@@ -44,7 +51,6 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval_every = 5000            # the author's evaluation interval
   c.eval_batches = 20            # validation batches per evaluation (0 = the whole split)
   c.eval_sequential = True       # also evaluate a context-ready model with the exact scan
-  c.pointer_eval_examples = 1024  # pointer_chasing: fresh examples in the final evaluation
   c.checkpoint_every = 5000
   c.keep_checkpoints = 3
   c.exit_at_step = -1            # save and exit at this step (time-sliced clusters, tests)
@@ -75,7 +81,8 @@ def _default_rules():
   return sharding.DEFAULT_RULES
 
 
-def paper_config(size: str, arg: str | None, **model_overrides) -> ml_collections.ConfigDict:
+def paper_config(size: str, arg: str | None, *, k_min: int = 2,
+                 **model_overrides) -> ml_collections.ConfigDict:
   """The author's OpenWebText recipe for one size name (reference section 6.1).
 
   Vocabulary 32,000, block 256, batch 64, 100K steps, lr 2e-4, K = 5 with k_min = 2, lambda = 0.1,
@@ -83,8 +90,10 @@ def paper_config(size: str, arg: str | None, **model_overrides) -> ml_collection
   """
   args = config_lib.parse_arg(arg, runlocal=False)
   c = get_base()
-  fields = dict(vocab_size=32000, max_len=1024, k_unroll=5, k_min=2, convergence_weight=0.1)
+  fields = dict(vocab_size=32000, max_len=1024, k_unroll=5)
   c.model = models.model_config(name=size, **{**fields, **model_overrides})
+  c.train.k_min = k_min
+  c.train.convergence_weight = 0.1
   c.data.name = 'openwebtext'
   c.data.seq_len = 256
   c.batch_size = 64

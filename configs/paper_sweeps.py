@@ -38,8 +38,8 @@ def sweep_table1(add):
 
 def sweep_k(add):
   for k in (2, 3, 5, 10):
-    add(config='d5_c1120.py', **{'model.k_unroll': k, 'model.k_min': min(2, k)})
-  add(config='d5_c1120.py', **{'model.k_unroll': 5, 'model.k_min': 0})
+    add(config='d5_c1120.py', **{'model.k_unroll': k, 'train.k_min': min(2, k)})
+  add(config='d5_c1120.py', **{'model.k_unroll': 5, 'train.k_min': 0})
 
 
 def sweep_width(add):

@@ -10,7 +10,8 @@ r"""Pointer chasing (paper section 5.6): depth separation between transformers a
 Args:
   hops:  table levels H (T = 42H + 2 tokens, vocabulary 4 + 8H + 16).
   model: 't<N>'      N-layer transformer;
-         'd1_bptt'   D=1 context-ready model trained through the exact sequential forward (BPTT);
+         'd1_bptt'   D=1 context-ready model trained through the exact sequential forward (BPTT,
+                     config.train.mode='bptt');
          'd1_k<K>'   D=1 context-ready model trained with the parallel K-step unroll.
   steps: training steps (the author trained 5K-10K).
   entry_targets: 1 adds helper targets on the target side of every index-table entry (`a6=b4`:
@@ -34,18 +35,20 @@ from ctr_jax.data import pointer_chasing
 
 
 def model_for(name: str, hops: int, width: int = 128, heads: int = 4):
-  """Model config for a sweep name: 't<N>', 'd1_bptt' or 'd<D>_k<K>'."""
+  """(model config, training recipe overrides) for a sweep name: 't<N>', 'd1_bptt', 'd<D>_k<K>'."""
   common_fields = dict(vocab_size=pointer_chasing.vocab_size(hops), width=width,
                        num_heads=heads, max_len=pointer_chasing.seq_len(hops), dropout=0.0,
                        init='torch')
   if m := re.fullmatch(r't(\d+)', name):
-    return models.model_config(kind='transformer', depth=int(m[1]), **common_fields)
+    return models.model_config(kind='transformer', depth=int(m[1]), **common_fields), {}
   if m := re.fullmatch(r'd(\d+)_bptt', name):
-    return models.model_config(kind='context_ready', depth=int(m[1]), train_mode='bptt',
-                               k_unroll=1, convergence_weight=0.0, **common_fields)
+    return (models.model_config(kind='context_ready', depth=int(m[1]), k_unroll=1,
+                                **common_fields),
+            dict(mode='bptt', convergence_weight=0.0))
   if m := re.fullmatch(r'd(\d+)_k(\d+)', name):
-    return models.model_config(kind='context_ready', depth=int(m[1]), k_unroll=int(m[2]),
-                               convergence_weight=0.1, **common_fields)
+    return (models.model_config(kind='context_ready', depth=int(m[1]), k_unroll=int(m[2]),
+                                **common_fields),
+            dict(convergence_weight=0.1))
   raise ValueError(f"config arg model={name!r}: use 't<N>', 'd<D>_bptt' or 'd<D>_k<K>'")
 
 
@@ -53,14 +56,15 @@ def get_config(arg=None):
   args = config_lib.parse_arg(arg, hops=3, model='d1_bptt', steps=5000, width=128, seed=0,
                               entry_targets=0, equals_targets=0)
   c = common.get_base()
-  c.model = model_for(args.model, args.hops, args.width)
+  c.model, recipe = model_for(args.model, args.hops, args.width)
+  c.train.update(recipe)
   c.seed = args.seed
   c.data.name = 'pointer_chasing'
-  c.data.hops = args.hops
+  c.data.hops = args.hops                # number of table levels H
   for helper in pointer_chasing.HELPER_TARGETS:
     if args[helper] not in (0, 1):
       raise ValueError(f'config arg {helper}={args[helper]!r}: allowed 0 or 1')
-    c.data[helper] = bool(args[helper])
+    c.data[helper] = bool(args[helper])  # helper targets (training only); see the docstring
   c.data.seq_len = pointer_chasing.seq_len(args.hops)
   c.batch_size = 64
   c.total_steps = args.steps
@@ -73,7 +77,7 @@ def get_config(arg=None):
   c.log_every = 50
   c.eval_every = 500
   c.eval_batches = 4              # 4 x batch fresh examples per periodic evaluation
-  c.pointer_eval_examples = 1024
+  c.pointer_eval_examples = 1024  # fresh examples in the final evaluation
   c.checkpoint_every = 500
   c.sample.num_tokens = 0
   return c

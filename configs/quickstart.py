@@ -21,8 +21,9 @@ def get_config(arg=None):
                                   vocab_size=4096, max_len=256)
   else:
     c.model = models.model_config(kind='context_ready', width=128, depth=2, num_heads=4,
-                                  vocab_size=4096, max_len=256, k_unroll=4, k_min=2,
-                                  convergence_weight=0.1)
+                                  vocab_size=4096, max_len=256, k_unroll=4)
+    c.train.k_min = 2
+    c.train.convergence_weight = 0.1
   c.data.name = 'kjv_bible'
   c.data.seq_len = 128
   c.batch_size = 16

@@ -20,9 +20,7 @@ summing the parameter cotangents.
 Works for any depth and for both model kinds (a transformer's step ignores the feedback vector).
 Dropout is not supported: steps run deterministically.
 
-Cost (D=1, C=128, 4 heads, batch 64, Adam step, 2 shared CPU cores under load): at H=3 (T=128)
-1.55 s/step against 2.23 s for plain autodiff, with 40 MiB of compiled temporaries against
-1.29 GiB; at H=10 (T=422) 131 MiB against 12.0 GiB (the cache saved T times).
+Its step time and memory against plain autodiff are in docs/benchmarks.md ("BPTT").
 
     logits = bptt.bptt_logits(model, params, tokens)       # [B, T, V], differentiable in params
     grads = jax.grad(lambda p: loss(bptt.bptt_logits(model, p, tokens)))(params)

@@ -6,10 +6,9 @@ import os
 import ml_collections
 
 from ctr_jax import models
-from ctr_jax.data import pointer_chasing
+from ctr_jax import train_step
 
 JOBS = ('train', 'evaluate', 'generate', 'prepare')
-DATASETS = ('kjv_bible', 'openwebtext', 'wikipedia', 'pointer_chasing')
 
 
 def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
@@ -54,14 +53,12 @@ def validate(config) -> None:
   """Checks a whole experiment config before anything touches the workdir."""
   _check(config.job in JOBS, 'job', f'got {config.job!r}, allowed {list(JOBS)}')
   models.validate(config.model)
-  _check(config.data.name in DATASETS, 'data.name',
-         f'got {config.data.name!r}, allowed {list(DATASETS)}')
+  train_step.validate(config.train, config.model)
+  from ctr_jax import tasks  # pylint: disable=g-import-not-at-top  (tasks import config_lib)
+  tasks.validate_config(config)  # data.name, and the fields of that task
   for field in ('total_steps', 'batch_size', 'log_every', 'eval_every', 'checkpoint_every'):
     _check(int(config[field]) >= 1, field, f'must be >= 1, got {config[field]!r}')
   _check(config.data.seq_len >= 1, 'data.seq_len', 'must be >= 1')
-  for helper in pointer_chasing.HELPER_TARGETS:
-    _check(config.data.get(helper, False) in (True, False, 0, 1), f'data.{helper}',
-           f'got {config.data.get(helper)!r}, allowed [True, False]')
   _check(config.data.seq_len <= config.model.max_len, 'data.seq_len',
          f'{config.data.seq_len} exceeds model.max_len={config.model.max_len}')
   _check(config.optim.lr > 0, 'optim.lr', 'must be > 0')
@@ -75,20 +72,24 @@ def validate(config) -> None:
          'at most one axis may be -1')
   _check(config.sample.num_tokens >= 0, 'sample.num_tokens', 'must be >= 0')
   _check(config.sample.temperature >= 0, 'sample.temperature', 'must be >= 0')
-  if config.model.train_mode == 'bptt':
-    _check(config.model.kind == 'context_ready', 'model.train_mode',
-           "'bptt' needs model.kind='context_ready'")
+
+
+def check_moved_overrides(argv) -> None:
+  """`--config.model.k_min=...` and the other recipe fields now live in `config.train`."""
+  for arg in argv:
+    name = arg.lstrip('-').split('=', 1)[0]
+    if name.startswith('config.model.'):
+      models.validate_not_moved([name[len('config.model.'):]])
 
 
 def shrink_for_cpu(config) -> None:
   """The `:runlocal` arg: a few hundred steps of a small model that runs in minutes on a CPU."""
-  keep = {k: config.model[k] for k in ('kind', 'correction', 'cumulative', 'k_unroll', 'k_min',
-                                       'convergence_weight', 'block', 'train_mode')}
+  keep = {k: config.model[k] for k in ('kind', 'correction', 'cumulative', 'k_unroll', 'block')}
   config.model = models.model_config(
       **keep, width=128, depth=min(config.model.depth, 2) if keep['kind'] == 'context_ready'
       else min(config.model.depth, 4), num_heads=4, vocab_size=2048, max_len=128)
   config.model.k_unroll = min(config.model.k_unroll, 5)
-  config.model.k_min = min(config.model.k_min, config.model.k_unroll)
+  config.train.k_min = min(config.train.k_min, config.model.k_unroll)
   config.data.name = 'kjv_bible'
   config.data.seq_len = 64
   config.batch_size = 16

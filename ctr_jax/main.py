@@ -41,6 +41,11 @@ def main(argv):
 def parse_flags(argv):
   """absl flag parsing whose errors (bad config file, arg or override) end as one line."""
   from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  try:  # before absl, whose message for a missing field would not say where it went
+    config_lib.check_moved_overrides(argv[1:])
+  except ValueError as e:
+    print(f'ctr_jax: error: {e}', file=sys.stderr)
+    sys.exit(2)
   return config_lib.parse_flags_one_line_errors(FLAGS, argv, 'ctr_jax')
 
 

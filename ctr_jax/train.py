@@ -15,21 +15,22 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from ctr_jax import checkpointing, config_lib, convert, metrics, models, optim, sharding, tasks
+from ctr_jax import (checkpointing, config_lib, convert, metrics, models, optim, sharding, tasks,
+                     train_step)
 
 
 class UserError(ValueError):
   """A problem with the user's input: reported as one line, without a traceback."""
 
 
-def k_for_step(model_config, seed: int, step: int) -> int:
-  """K of one training batch: fixed, or ~ Uniform{k_min..K} drawn from (seed, step)."""
-  if model_config.kind != 'context_ready' or model_config.k_min <= 0:
-    return model_config.k_unroll
-  rng = np.random.default_rng([seed, step, 0x4B])
-  return int(rng.integers(model_config.k_min, model_config.k_unroll + 1))
+def split_moved_fields(saved_model: dict) -> tuple[dict, dict]:
+  """A saved model config without the recipe fields older versions kept there, and those fields
+  under their `config.train` names."""
+  kept = {k: v for k, v in saved_model.items() if k not in models.MOVED_TO_TRAIN}
+  moved = {models.MOVED_TO_TRAIN[k]: v for k, v in saved_model.items()
+           if k in models.MOVED_TO_TRAIN}
+  return kept, moved
 
 
 def prepare_workdir(config, workdir: str) -> str:
@@ -48,16 +49,28 @@ def prepare_workdir(config, workdir: str) -> str:
   if meta is not None:
     # A field the saved config lacks was added later; the checkpoint has its old default.
     defaults = json.loads(json.dumps(models.SPEC_DEFAULTS))  # as JSON stores them
-    saved = {**defaults, **meta.get('config', {}).get('model', {})}
+    saved, moved = split_moved_fields(meta.get('config', {}).get('model', {}))
+    saved = {**defaults, **saved}
+    _note_recipe_change(workdir, moved, json.loads(config.train.to_json()))
     current = json.loads(config.model.to_json())
-    diff = sorted(k for k in set(saved) | set(current)
-                  if k != 'remat' and saved.get(k) != current.get(k))
+    diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     if diff:
       raise UserError(f'the checkpoint in {workdir} was trained with a different model config '
                       f'(fields {diff}); use a new --workdir')
   elif config.job not in ('train', 'prepare'):
     raise UserError(f'config.job={config.job!r} needs a checkpoint, but {workdir} has none')
   return workdir
+
+
+def _note_recipe_change(workdir, saved_recipe: dict, current: dict) -> None:
+  # A checkpoint from before config.train kept the recipe in its model config; changing the
+  # recipe on resume is allowed, but say so.
+  changed = {k: (v, current.get(k)) for k, v in saved_recipe.items() if current.get(k) != v}
+  if changed and jax.process_index() == 0:
+    text = ', '.join(f'train.{k}: {old!r} -> {new!r}' for k, (old, new) in sorted(changed.items()))
+    print(f'ctr_jax: note: the checkpoint in {workdir} keeps its training recipe in its model '
+          f'config (an older version); resuming with the current config.train ({text})',
+          flush=True)
 
 
 def train_and_evaluate(config, workdir: str, devices=None) -> dict:
@@ -128,35 +141,21 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   # ----------------------------------------------------------------------------------------------
   # Steps: one jitted train step per K value (random-depth training draws K per batch).
   # ----------------------------------------------------------------------------------------------
-  deterministic = config.model.dropout == 0
-  base_rng = jax.random.key(config.seed + 1)
-
-  def train_step(state, batch, k_unroll):
-    rng = jax.random.fold_in(base_rng, state['step'])
-    loss_fn = lambda p: task.loss(model, p, batch, k_unroll=k_unroll, rng=rng,
-                                  deterministic=deterministic)
-    (_, step_metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
-    updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
-    params = optax.apply_updates(state['params'], updates)
-    step_metrics = {**step_metrics, 'grad_norm': optax.global_norm(grads),
-                    'param_norm': optax.global_norm(params),
-                    'update_norm': optax.global_norm(updates)}
-    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, step_metrics
+  step_fn = train_step.make_train_step(model, tx, task.loss,
+                                       base_rng=jax.random.key(config.seed + 1),
+                                       deterministic=config.model.dropout == 0)
 
   @functools.cache
   def compiled_step(k_unroll):
-    return jax.jit(functools.partial(train_step, k_unroll=k_unroll),
+    return jax.jit(functools.partial(step_fn, k_unroll=k_unroll),
                    in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, repl), donate_argnums=(0,))
 
   run_start = time.perf_counter()
-  is_crt = config.model.kind == 'context_ready'
-  sequential_eval = is_crt and config.eval_sequential and not config.model.cumulative
 
-  def run_eval(state):
+  def run_eval(state, final=False):
     with jax.set_mesh(mesh), sharding.activation_rules(rules):
-      return task.evaluate(model, state['params'], to_global=to_global,
-                           sequential=sequential_eval)
+      return task.evaluate(model, state['params'], to_global=to_global, final=final)
 
   writer = metrics.MetricWriter(workdir, active=is_chief)
   schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
@@ -176,7 +175,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   try:
     while config.job == 'train' and step < config.total_steps:
       batch = to_global(next(task.train_iter))
-      k = k_for_step(config.model, config.seed, step)
+      k = train_step.k_for_step(config.train, config.model, config.seed, step)
       with jax.set_mesh(mesh), sharding.activation_rules(rules):
         state, step_metrics = compiled_step(k)(state, batch)
       step += 1
@@ -189,10 +188,10 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
                              f'[{step - len(host) + 1}, {step}]: {mean}')
         elapsed = time.perf_counter() - window_start
         tokens_per_second = len(host) * tokens_per_step / max(elapsed, 1e-9)
-        writer.write(step, {'train_loss': mean['loss'], 'train_ce': mean['ce_loss'],
-                            'convergence_loss': mean['convergence_loss'],
-                            'grad_norm': mean['grad_norm'], 'param_norm': mean['param_norm'],
-                            'update_norm': mean['update_norm'],
+        # The loss's own metrics under the task's names ('loss' first), then the optimiser's.
+        own = sorted(set(mean) - {'loss', *OPTIMIZER_METRICS})
+        logged = {tasks.metric_name(task, k): mean[k] for k in ['loss', *own]}
+        writer.write(step, {**logged, **{k: mean[k] for k in OPTIMIZER_METRICS},
                             'learning_rate': float(schedule(step - 1)),
                             'tokens_per_second': tokens_per_second})
         summary.update(train_loss=mean['loss'], tokens_per_second=tokens_per_second)
@@ -229,13 +228,12 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     logged = [r for r in metrics.read_metrics(workdir) if 'train_loss' in r]
     if logged:
       summary['train_loss'] = logged[-1]['train_loss']
-  task.final = True
   if config.job in ('train', 'evaluate'):
-    evaluation = run_eval(state)
+    evaluation = run_eval(state, final=True)
     writer.write(step, _scalars(evaluation))
     _report(is_chief, step, evaluation, progress)
     summary.update(evaluation)
-  if config.sample.num_tokens > 0 and hasattr(task, 'sample'):
+  if config.sample.num_tokens > 0 and task.has_sample:
     with jax.set_mesh(mesh):
       text = task.sample(model, state['params'], config, jax.random.key(config.seed + 2))
     summary['sample'] = text
@@ -249,6 +247,10 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     metrics.write_json(os.path.join(workdir, summary_name), summary)
     metrics.plot_curves(workdir)
   return summary
+
+
+# What make_train_step adds to the loss's metrics (logged under these names).
+OPTIMIZER_METRICS = ('grad_norm', 'param_norm', 'update_norm')
 
 
 def _scalars(evaluation: dict) -> dict:
@@ -289,7 +291,7 @@ def _convert_from(config, state, state_shardings, mesh, rules):
   source_meta = checkpointing.read_meta(config.init_from)
   if source_meta is None:
     raise UserError(f'config.init_from={config.init_from!r} holds no checkpoint')
-  source_cfg = models.model_config(**source_meta['config']['model'])
+  source_cfg = models.model_config(**split_moved_fields(source_meta['config']['model'])[0])
   if source_cfg.kind != 'transformer':
     raise UserError('config.init_from must point at a transformer run')
   source_model = models.build(source_cfg)

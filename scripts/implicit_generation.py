@@ -31,7 +31,8 @@ def small_models(config):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from ctr_jax import config_lib, models  # pylint: disable=g-import-not-at-top
   from ctr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  from ctr_jax.implicit import generation  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from ctr_jax.experiments import implicit_generation as generation
   ds = pipeline.load(config.data.name, config.data.data_dir or config_lib.default_data_dir(),
                      vocab_size=config.data.vocab_size)
   tok = ds.tokenizer
@@ -89,7 +90,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)  # dataset and backend INFO lines drown the report
-  from ctr_jax.implicit import generation  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from ctr_jax.experiments import implicit_generation as generation
   config = FLAGS.config
   os.makedirs(config.workdir, exist_ok=True)
   trained, prompts, decode = (checkpoint_model(config) if config.hf_dir

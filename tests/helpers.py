@@ -38,7 +38,7 @@ def tiny_train_config(data_dir: str, **overrides):
   from configs import common  # pylint: disable=g-import-not-at-top
   c = common.get_base()
   c.model = models.model_config(kind='context_ready', width=32, depth=1, num_heads=2,
-                                vocab_size=320, max_len=64, k_unroll=3, k_min=0)
+                                vocab_size=320, max_len=64, k_unroll=3)
   c.data.data_dir = data_dir
   c.data.seq_len = 16
   c.batch_size = 8

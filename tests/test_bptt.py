@@ -6,7 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from ctr_jax import bptt, decode, models, pointer_eval
+from ctr_jax import bptt, decode, losses, models, train_step
+from ctr_jax.tasks import pointer_chasing as pointer_task
 from ctr_jax.data import pointer_chasing as pc
 from helpers import max_abs_diff, random_tokens
 
@@ -38,7 +39,7 @@ def test_bptt_gradients_equal_autodiff_and_the_exact_unroll(kind, depth):
   def loss(forward):
     def fn(p):
       logits = forward(p)
-      return pointer_eval.loss_on_targets(logits, targets), logits
+      return pointer_task.loss_on_targets(logits, targets), logits
     return fn
 
   @jax.jit  # one compilation for all of them
@@ -93,7 +94,7 @@ def test_bptt_learns_one_hop_pointer_chasing(optimized_compilation):
 
   @jax.jit
   def train_step(params, opt_state, tokens, targets):
-    loss_fn = lambda p: pointer_eval.loss_on_targets(bptt.bptt_logits(model, p, tokens), targets)
+    loss_fn = lambda p: pointer_task.loss_on_targets(bptt.bptt_logits(model, p, tokens), targets)
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
@@ -108,5 +109,28 @@ def test_bptt_learns_one_hop_pointer_chasing(optimized_compilation):
   assert np.mean(history[-20:]) < 0.7 * chance, history[-20:]
   # The table keys (copy the value two tokens back) are the first thing it learns.
   predict = jax.jit(lambda x: bptt.bptt_logits(model, params, x))
-  metrics = pointer_eval.evaluate(predict, hops, num_examples=64, batch_size=batch_size)
+  metrics = pointer_task.evaluate(predict, hops, num_examples=64, batch_size=batch_size)
   assert metrics['table_key_accuracy'] > 0.9, metrics
+
+
+def test_the_bptt_recipe_trains_language_models_through_bptt():
+  """`config.train.mode='bptt'` reaches every task's loss through train_step.forward."""
+  model, params, _ = tiny_model('context_ready', 1, length=8)
+  batch = random_tokens(3, 19, batch=2, length=9)
+  recipe = train_step.Recipe(mode='bptt', k_min=2)  # k_min and lambda mean nothing to BPTT
+  value, metrics = losses.model_loss(model, params, batch, k_unroll=1, recipe=recipe)
+  assert set(metrics) == {'loss', 'ce_loss'}  # no convergence term to report
+
+  def reference(p):
+    logits = bptt.bptt_logits(model, p, batch[:, :-1])
+    return losses.next_token_loss(logits, batch[:, 1:])[0]
+
+  grads = jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=1, recipe=recipe)[0])(
+      params)
+  expected_grads = jax.grad(reference)(params)
+  assert float(value) == pytest.approx(float(reference(params)), rel=1e-6)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+    assert max_abs_diff(a, b) <= 1e-6
+  # K = 1 of the unroll is a different function: the recipe, not k_unroll, chose the forward.
+  unroll = losses.model_loss(model, params, batch, k_unroll=1)[1]['ce_loss']
+  assert abs(float(unroll) - float(value)) > 1e-4

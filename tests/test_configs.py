@@ -54,7 +54,7 @@ def test_paper_recipe_and_runlocal_variant(path):
   assert config.data.name == 'openwebtext' and config.model.vocab_size == 32000
   assert config.optim.lr == 2e-4 and config.model.num_heads == 16
   if config.model.kind == 'context_ready':
-    assert (config.model.k_unroll, config.model.k_min) in ((5, 2), (10, 0))
+    assert (config.model.k_unroll, config.train.k_min) in ((5, 2), (10, 0))
   local = module.get_config('runlocal')
   config_lib.validate(local)
   assert local.data.name == 'kjv_bible' and local.total_steps <= 500

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ctr_jax.implicit import generation
+from ctr_jax.experiments import implicit_generation as generation
 from helpers import family_lm
 
 

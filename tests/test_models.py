@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from ctr_jax import convert, decode, diagnostics, losses, models
+from ctr_jax import convert, decode, diagnostics, losses, models, train_step
 from ctr_jax.models import layers
 from helpers import max_abs_diff, random_model, random_tokens
 
@@ -54,7 +54,8 @@ def test_public_config_example_has_defaults():
 @pytest.mark.parametrize('overrides, field', [
     (dict(width=66, num_heads=4), 'width'),
     (dict(k_unroll=0), 'k_unroll'),
-    (dict(k_unroll=3, k_min=4), 'k_min'),
+    (dict(k_min=2), 'config.train.k_min'),  # a training-recipe field, no longer the model's
+    (dict(train_mode='bptt'), 'config.train.mode'),
     (dict(kind='rnn'), 'kind'),
     (dict(correction='multiply'), 'correction'),
     (dict(block='mamba'), 'block'),
@@ -176,10 +177,10 @@ def test_ablation_variants_train_and_keep_or_break_k_invariance(correction, cumu
 
 def test_remat_and_random_depth_give_the_same_function():
   cfg, model, variables, tokens = random_model(15, depth=2)
-  remat_model = models.build(models.model_config(**{**cfg.to_dict(), 'remat': True}))
   batch = random_tokens(16, cfg.vocab_size, batch=2, length=7)
   g1 = jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=4)[0])(variables['params'])
-  g2 = jax.grad(lambda p: losses.model_loss(remat_model, p, batch, k_unroll=4)[0])(
+  remat = train_step.Recipe(remat=True)
+  g2 = jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=4, recipe=remat)[0])(
       variables['params'])
   assert max(max_abs_diff(a, b) for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2))) < 1e-5
 

@@ -4,7 +4,7 @@ import grain
 import numpy as np
 import pytest
 
-from ctr_jax import pointer_eval
+from ctr_jax.tasks import pointer_chasing as pointer_task
 from ctr_jax.data import pointer_chasing as pc
 
 
@@ -185,20 +185,20 @@ def reader_predictor(hops, max_level):
 
 def test_evaluate_groups_positions_by_level():
   hops = 3
-  perfect = pointer_eval.evaluate(reader_predictor(hops, hops - 1), hops, num_examples=40,
+  perfect = pointer_task.evaluate(reader_predictor(hops, hops - 1), hops, num_examples=40,
                                   batch_size=16)
   assert perfect['level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 1.0}
   assert perfect['final_query_accuracy'] == perfect['table_key_accuracy'] == 1.0
-  assert pointer_eval.levels_solved(perfect['level_accuracy']) == 3
+  assert pointer_task.levels_solved(perfect['level_accuracy']) == 3
 
-  two_levels = pointer_eval.evaluate(reader_predictor(hops, 1), hops, num_examples=40,
+  two_levels = pointer_task.evaluate(reader_predictor(hops, 1), hops, num_examples=40,
                                      batch_size=16)
   assert two_levels['level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 0.0}
   assert two_levels['final_query_accuracy'] == 0.0
   assert two_levels['table_level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 0.0}
   assert two_levels['table_key_accuracy'] == pytest.approx(2 / 3)
-  assert pointer_eval.levels_solved(two_levels['level_accuracy']) == 2
-  assert pointer_eval.levels_solved({'L0': 0.95, 'L1': 0.9}, threshold=0.9) == 1
+  assert pointer_task.levels_solved(two_levels['level_accuracy']) == 2
+  assert pointer_task.levels_solved({'L0': 0.95, 'L1': 0.9}, threshold=0.9) == 1
 
 
 def test_evaluate_accepts_logits_and_uses_a_held_out_stream():
@@ -209,7 +209,7 @@ def test_evaluate_accepts_logits_and_uses_a_held_out_stream():
     seen.append(tokens.copy())
     return np.zeros(tokens.shape + (vocab,), np.float32)  # argmax = PAD everywhere
 
-  metrics = pointer_eval.evaluate(uniform_logits, hops, num_examples=10, batch_size=4)
+  metrics = pointer_task.evaluate(uniform_logits, hops, num_examples=10, batch_size=4)
   assert metrics['level_accuracy'] == {'L0': 0.0, 'L1': 0.0}
   assert metrics['num_examples'] == 10
   assert [len(b) for b in seen] == [4, 4, 4]  # padded to full batches
@@ -225,5 +225,5 @@ def test_loss_on_targets_scores_the_key_positions_themselves():
   targets = np.array([[-1, 3, -1, 6, -1], [0, -1, -1, -1, 2]])
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   picked = [log_probs[b, t, targets[b, t]] for b, t in zip(*np.nonzero(targets >= 0))]
-  assert float(pointer_eval.loss_on_targets(logits, targets)) == pytest.approx(-np.mean(picked),
+  assert float(pointer_task.loss_on_targets(logits, targets)) == pytest.approx(-np.mean(picked),
                                                                               rel=1e-5)

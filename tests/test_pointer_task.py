@@ -64,7 +64,7 @@ def test_pointer_chasing_resume_is_exact(tmp_path):
 @pytest.mark.parametrize('helper,kind,count', [('entry_targets', 'ENTRY_TARGET', 16),
                                                 ('equals_targets', 'EQUALS_TARGET', 24)])
 def test_helper_targets_shape_training_batches_only(helper, kind, count):
-  from ctr_jax import pointer_task  # pylint: disable=g-import-not-at-top
+  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
   from ctr_jax.data import pointer_chasing  # pylint: disable=g-import-not-at-top
   config = small(f'hops=3,model=t1,{helper}=1')
   assert config.data[helper] is True

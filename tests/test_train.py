@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from ctr_jax import train
+from ctr_jax import train, train_step
 from helpers import tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,10 +34,14 @@ def train_losses(workdir):
 
 def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
-  full = {'model.k_min': 2, 'eval_sequential': True, 'sample.num_tokens': 4}
+  full = {'train.k_min': 2, 'eval_sequential': True, 'sample.num_tokens': 4}
   summary = train.train_and_evaluate(tiny_train_config(data_dir, **full), workdir)
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'tensorboard'):
     assert os.path.exists(os.path.join(workdir, name)), name
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    logged = [json.loads(line) for line in f]
+  assert {'train_loss', 'train_ce', 'convergence_loss', 'grad_norm', 'param_norm', 'update_norm',
+          'learning_rate', 'tokens_per_second'} <= set(logged[0])  # the names notebooks read
   with open(os.path.join(workdir, 'summary.json')) as f:
     written = json.load(f)
   for key in ('step', 'train_loss', 'val_loss', 'val_ppl', 'val_ppl_sequential',
@@ -85,6 +89,42 @@ def test_checkpoint_from_before_a_new_model_field_resumes_only_with_its_old_defa
   assert train.prepare_workdir(cfg, str(tmp_path)) == str(tmp_path)
 
 
+def test_checkpoint_with_the_recipe_in_its_model_config_resumes_with_a_note(
+    data_dir, tmp_path, capsys):
+  """Checkpoints from before config.train kept remat, k_min, convergence_weight, train_mode in
+  their model config; they resume, and a changed recipe is reported, not refused."""
+  cfg = tiny_train_config(data_dir)
+  saved = {**json.loads(cfg.model.to_json()), 'remat': False, 'k_min': 2,
+           'convergence_weight': 0.1, 'train_mode': 'unroll'}
+  meta_dir = tmp_path / 'checkpoints' / '4' / 'meta'
+  meta_dir.mkdir(parents=True)
+  (meta_dir / 'metadata').write_text(json.dumps({'config': {'model': saved}, 'step': 4}))
+  assert train.prepare_workdir(cfg, str(tmp_path)) == str(tmp_path)
+  assert 'train.k_min: 2 -> 0' in capsys.readouterr().out
+  cfg.train.k_min = 2
+  train.prepare_workdir(cfg, str(tmp_path))
+  assert 'note' not in capsys.readouterr().out
+
+
+def test_bptt_recipe_trains_a_language_model_through_bptt(data_dir, tmp_path):
+  """--config.train.mode=bptt: the logged loss of step 1 is the BPTT loss, not the unroll's."""
+  from ctr_jax import bptt, losses, models, tasks  # pylint: disable=g-import-not-at-top
+  cfg = tiny_train_config(data_dir, total_steps=1, **{'train.mode': 'bptt', 'train.k_min': 2})
+  train.train_and_evaluate(cfg, str(tmp_path))
+  logged = train_losses(str(tmp_path))[1]
+  model = models.build(cfg.model)
+  params = model.init(jax.random.key(cfg.seed), np.zeros((1, 16), np.int32))['params']
+  batch = jax.numpy.asarray(next(tasks.make(cfg, 0, 1).train_iter))
+  logits = bptt.bptt_logits(model, params, batch[:, :-1])
+  expected = float(losses.next_token_loss(logits, batch[:, 1:])[0])
+  # The K = 1 unroll (a different function) is far off; the logged loss is BPTT's to rounding.
+  unroll = float(losses.model_loss(model, params, batch, k_unroll=1)[1]['ce_loss'])
+  assert abs(logged - expected) <= 1e-6 * expected < 1e-2 * abs(unroll - expected)
+  with open(os.path.join(str(tmp_path), 'metrics.jsonl')) as f:
+    row = json.loads(f.readline())
+  assert 'train_ce' in row and 'convergence_loss' not in row  # BPTT has no convergence term
+
+
 @pytest.mark.slow
 def test_one_and_eight_devices_give_the_same_losses(data_dir, tmp_path):
   assert len(jax.devices()) == 8
@@ -103,10 +143,14 @@ def test_one_and_eight_devices_give_the_same_losses(data_dir, tmp_path):
 
 
 def test_random_depth_draws_are_reproducible():
-  cfg = tiny_train_config('/unused', **{'model.k_min': 2}).model
-  draws = [train.k_for_step(cfg, 0, s) for s in range(200)]
+  cfg = tiny_train_config('/unused', **{'train.k_min': 2})
+  draws = [train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(200)]
   assert set(draws) == {2, 3}
-  assert draws == [train.k_for_step(cfg, 0, s) for s in range(200)]
+  assert draws == [train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(200)]
+  # The draws of runs made before the recipe moved to config.train (resumes reproduce them).
+  assert draws[:12] == [3, 3, 2, 3, 2, 2, 3, 3, 2, 2, 3, 2]
+  cfg.train.mode = 'bptt'  # BPTT has no K: one compiled step
+  assert {train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(20)} == {3}
 
 
 def _run_main(args, env_extra=None, timeout=240):
@@ -140,6 +184,9 @@ BAD_INPUTS = {
     'missing_manual_dir': (['--config.data.name=openwebtext',
                             '--config.data.manual_dir=/nonexistent/owt'], 'manual_dir'),
     'bad_config_arg': (['--config=configs/quickstart.py:bogus=1'], 'bogus'),
+    'moved_model_field': (['--config.model.k_min=2'], 'config.train.k_min'),
+    'bptt_transformer': (['--config.model.kind=transformer', '--config.train.mode=bptt'],
+                         'config.train.mode'),
 }
 
 
@@ -199,7 +246,7 @@ import jax
 jax.config.update('jax_cpu_collectives_implementation', 'gloo')
 jax.distributed.initialize(coordinator_address='127.0.0.1:{port}', num_processes=2,
                            process_id={pid})
-from ctr_jax import train
+from ctr_jax import train, train_step
 from helpers import tiny_train_config
 cfg = tiny_train_config({data_dir!r}, total_steps=3, eval_every=100, checkpoint_every=3)
 cfg.sample.num_tokens = 0

@@ -11,17 +11,18 @@ import math
 
 import jax
 
-from ctr_jax.models.config import (BLOCKS, CORRECTIONS, KERNEL_LAYOUTS, KINDS, SIZES,
-                                   SPEC_DEFAULTS, ModelSpec, decode_size, default_model_config,
-                                   model_config, validate)
+from ctr_jax.models.config import (BLOCKS, CORRECTIONS, KERNEL_LAYOUTS, KINDS, MOVED_TO_TRAIN,
+                                   SIZES, SPEC_DEFAULTS, ModelSpec, decode_size,
+                                   default_model_config, model_config, validate,
+                                   validate_not_moved)
 from ctr_jax.models.lm import ContextReadyLM, TransformerLM
 from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_right
 
 __all__ = [
-    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'SIZES', 'SPEC_DEFAULTS', 'ModelSpec',
-    'decode_size', 'default_model_config', 'model_config', 'validate', 'ContextReadyLM',
-    'TransformerLM', 'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of',
-    'count_params', 'flops_per_token',
+    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'MOVED_TO_TRAIN', 'SIZES', 'SPEC_DEFAULTS',
+    'ModelSpec', 'decode_size', 'default_model_config', 'model_config', 'validate',
+    'validate_not_moved', 'ContextReadyLM', 'TransformerLM', 'DecodeState', 'fixed_point_unroll',
+    'shift_right', 'build', 'spec_of', 'count_params', 'flops_per_token',
 ]
 
 

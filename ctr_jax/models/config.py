@@ -16,11 +16,14 @@ BLOCKS = ('gpt', 'gemma', 'llama', 'falcon', 'moe')
 CORRECTIONS = ('add', 'token_blind', 'concat', 'none', 'tied')
 INITS = ('torch', 'normal')
 DTYPES = ('float32', 'bfloat16', 'float64', 'float16')
-TRAIN_MODES = ('unroll', 'bptt')
 POSITIONS = ('rope', 'rope_integer', 'learned')
 ACTIVATIONS = ('', 'gelu', 'gelu_tanh', 'silu', 'relu')
 LAYER_TYPES = ('sliding_attention', 'full_attention')
 KERNEL_LAYOUTS = ('out_in', 'in_out')
+# Training-recipe fields that used to sit in the model config (old checkpoints' saved configs
+# still hold them): model field -> its field in the training config `config.train`.
+MOVED_TO_TRAIN = {'remat': 'remat', 'k_min': 'k_min', 'convergence_weight': 'convergence_weight',
+                  'train_mode': 'mode'}
 
 # Paper sizes (reference section 6.2: the ~85M block-FLOP grid; 16 heads everywhere) and a few
 # CPU-sized names. `d` = context-ready unit of D layers, `t` = plain N-layer transformer.
@@ -86,14 +89,10 @@ def default_model_config() -> ml_collections.ConfigDict:
   c.param_dtype = 'float32'
   c.kernel_layout = 'out_in'  # dense weights stored [out, in] ('weight', as PyTorch) or [in, out]
                               # ('kernel', as Flax); same maths, out_in is faster on XLA:CPU
-  c.remat = False             # rematerialise each fixed-point iteration (context_ready)
   # Context-ready fields (ignored by kind='transformer').
   c.k_unroll = 5              # K: fixed-point iterations in the parallel forward
-  c.k_min = 0                 # >0: train with K ~ Uniform{k_min..k_unroll} per batch
-  c.convergence_weight = 0.1  # lambda of MSE(e + c^(K), stopgrad(e + c^(K-1)))
   c.correction = 'add'        # 'add' | 'token_blind' | 'concat' | 'none' | 'tied'
   c.cumulative = False        # ablation: u^(k) = u^(k-1) + c^(k-1) (breaks streaming exactness)
-  c.train_mode = 'unroll'     # 'unroll' (parallel K-step) | 'bptt' (exact sequential forward)
   # Block-family fields (used by the non-'gpt' families).
   c.qk_norm = False
   c.sliding_window = 0        # 0 = global attention everywhere
@@ -127,6 +126,7 @@ def model_config(name: str | None = None, **overrides) -> ml_collections.ConfigD
   if name:
     cfg.update(decode_size(name))
     cfg.name = name
+  validate_not_moved(overrides)
   unknown = sorted(set(overrides) - set(cfg.keys()))
   if unknown:
     raise ValueError(f'model config has no field(s) {unknown}; known fields: {sorted(cfg.keys())}')
@@ -144,8 +144,17 @@ def _check(ok: bool, field: str, message: str):
     raise ValueError(f'model.{field}: {message}')
 
 
+def validate_not_moved(fields) -> None:
+  """Raises ValueError for a model field that moved to the training config."""
+  moved = [f for f in MOVED_TO_TRAIN if f in fields]
+  if moved:
+    raise ValueError('; '.join(f'model.{f} moved to the training config: set config.train.'
+                               f'{MOVED_TO_TRAIN[f]} instead' for f in moved))
+
+
 def validate(cfg) -> None:
   """Raises ValueError naming the first bad field; returns None for a valid config."""
+  validate_not_moved(cfg)
   _check(cfg.kind in KINDS, 'kind', f'got {cfg.kind!r}, allowed {list(KINDS)}')
   _check(cfg.block in BLOCKS, 'block', f'got {cfg.block!r}, allowed {list(BLOCKS)}')
   for field in ('vocab_size', 'width', 'depth', 'num_heads', 'max_len', 'mlp_ratio'):
@@ -163,13 +172,8 @@ def validate(cfg) -> None:
   _check(cfg.param_dtype in DTYPES, 'param_dtype',
          f'got {cfg.param_dtype!r}, allowed {list(DTYPES)}')
   _check(cfg.k_unroll >= 1, 'k_unroll', f'K must be >= 1, got {cfg.k_unroll}')
-  _check(0 <= cfg.k_min <= cfg.k_unroll, 'k_min',
-         f'must satisfy 0 <= k_min <= k_unroll={cfg.k_unroll} (0 = fixed K), got {cfg.k_min}')
-  _check(cfg.convergence_weight >= 0, 'convergence_weight', 'must be >= 0')
   _check(cfg.correction in CORRECTIONS, 'correction',
          f'got {cfg.correction!r}, allowed {list(CORRECTIONS)}')
-  _check(cfg.train_mode in TRAIN_MODES, 'train_mode',
-         f'got {cfg.train_mode!r}, allowed {list(TRAIN_MODES)}')
   _check(cfg.rope_base > 0, 'rope_base', 'must be > 0')
   _check(cfg.sliding_window >= 0, 'sliding_window', 'must be >= 0 (0 = global attention)')
   if cfg.block == 'moe':
@@ -222,13 +226,9 @@ class ModelSpec:
   init: str
   dtype: str
   param_dtype: str
-  remat: bool
   k_unroll: int
-  k_min: int
-  convergence_weight: float
   correction: str
   cumulative: bool
-  train_mode: str
   qk_norm: bool
   sliding_window: int
   num_experts: int

@@ -4,7 +4,8 @@ One `__call__` serves every mode:
   model.apply(v, tokens)                          -> logits [B, T, V]        (training / eval)
   model.apply(v, tokens, return_aux=True)         -> (logits, aux)           (losses, diagnostics)
   model.apply(v, tokens, decode_state=state)      -> (logits, new_state)     (prefill / step decode)
-`k_unroll` sets K for the context-ready parallel forward and is ignored by the transformer.
+`k_unroll` sets K for the context-ready parallel forward and `remat=True` rematerialises each of
+its iterations in the backward pass (training memory); the transformer ignores both.
 """
 
 import flax.linen as nn
@@ -69,10 +70,11 @@ class TransformerLM(_LanguageModelBase):
     self.setup_common()
 
   def __call__(self, tokens, *, k_unroll=None, decode_state: DecodeState | None = None,
-               deterministic: bool = True, return_aux: bool = False, positions=None):
+               deterministic: bool = True, return_aux: bool = False, positions=None,
+               remat: bool = False):
     """`positions` ([T] or [B, T], default 0..T-1) runs `tokens` alone at those absolute
     positions (e.g. a query without its context); decode states bring their own."""
-    del k_unroll  # A transformer has no unroll.
+    del k_unroll, remat  # A transformer has no unroll.
     t = tokens.shape[1]
     if decode_state is not None:
       positions = decode_state.index + jnp.arange(t)
@@ -143,12 +145,13 @@ class ContextReadyLM(_LanguageModelBase):
     return z - u if self.spec.correction == 'none' else z
 
   def __call__(self, tokens, *, k_unroll=None, decode_state: DecodeState | None = None,
-               deterministic: bool = True, return_aux: bool = False):
+               deterministic: bool = True, return_aux: bool = False, remat: bool = False):
     if decode_state is not None:
       return self._step(tokens, decode_state, deterministic)
-    return self._parallel(tokens, k_unroll or self.spec.k_unroll, deterministic, return_aux)
+    return self._parallel(tokens, k_unroll or self.spec.k_unroll, deterministic, return_aux,
+                          remat)
 
-  def _parallel(self, tokens, k_unroll, deterministic, return_aux):
+  def _parallel(self, tokens, k_unroll, deterministic, return_aux, remat=False):
     """K fixed-point iterations over all positions: c^(0) = 0, u^(k) = e + c^(k-1)."""
     e = self.embed_tokens(tokens, deterministic)
     positions = jnp.arange(tokens.shape[1])
@@ -166,7 +169,7 @@ class ContextReadyLM(_LanguageModelBase):
 
     zeros = jnp.zeros_like(e)
     (c, u, z), stats = fixed_point_unroll(self, iteration, (zeros, e, zeros), k_unroll,
-                                          remat=self.spec.remat)
+                                          remat=remat)
     logits = self.logits(z)
     if not return_aux:
       return logits

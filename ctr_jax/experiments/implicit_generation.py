@@ -1,4 +1,5 @@
-"""The paper's generation experiment (its section 4) on small trained models or HF checkpoints.
+"""The implicit-update paper's generation experiment (its section 4), for
+`scripts/implicit_generation.py`: small trained models or Hugging Face checkpoints.
 
 For each prompt the baseline model generates greedily with the whole history; at every step the
 patches are recomputed and the patched model sees only the current token at its absolute
@@ -23,6 +24,7 @@ from ctr_jax import implicit
 from ctr_jax import losses
 from ctr_jax import models
 from ctr_jax import optim
+from ctr_jax import train_step
 from ctr_jax.implicit import algorithm
 
 
@@ -53,24 +55,22 @@ def train(model_cfg, train_tokens: np.ndarray, *, steps: int, batch_size: int, s
   params = jax.jit(model.init)(jax.random.key(seed),
                                jnp.zeros((1, seq_len), jnp.int32))['params']
   tx = optim.make_optimizer(optim_config, steps)
-  opt_state = tx.init(params)
-
-  @jax.jit
-  def update(params, opt_state, batch):
-    (loss, _), grads = jax.value_and_grad(
-        lambda p: losses.model_loss(model, p, batch), has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return jax.tree.map(lambda p, u: p + u, params, updates), opt_state, loss
+  state = {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params)}
+  # The trainer's step and language-modelling loss (these models are dropout-free transformers).
+  update = jax.jit(train_step.make_train_step(model, tx, losses.model_loss,
+                                              base_rng=jax.random.key(seed), deterministic=True),
+                   static_argnums=2)
 
   offsets = np.arange(seq_len + 1)
   start, loss = time.time(), None
   for step in range(1, steps + 1):
     starts = rng.integers(0, len(train_tokens) - seq_len - 1, batch_size)
     batch = jnp.asarray(np.asarray(train_tokens[starts[:, None] + offsets], np.int32))
-    params, opt_state, loss = update(params, opt_state, batch)
+    state, metrics = update(state, batch, None)
+    loss = metrics['loss']
     if step % max(steps // 4, 1) == 0 or step == steps:
       log(f'  step {step}/{steps}: loss {float(loss):.3f} ({time.time() - start:.0f} s)')
-  return model, {'params': params}, float(loss)
+  return model, {'params': state['params']}, float(loss)
 
 
 def cast(model_cfg, variables, dtype: str):

@@ -1,0 +1,100 @@
+"""Language modelling: next-token prediction on a tokenized corpus (KJV, OpenWebText, Wikipedia).
+
+The task for the trainer (`LanguageModelling`), and the evaluation pieces notebooks use alone:
+validation loss / perplexity in parallel-K and exact sequential mode (`evaluate_lm`), and text
+samples (`sample_text`).
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ctr_jax import decode, losses, train_step
+from ctr_jax.tasks import register
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _batch_loss_sum(model, params, batch, k_unroll, sequential):
+  inputs, targets = batch[:, :-1], batch[:, 1:]
+  variables = {'params': params}
+  if sequential:
+    logits = decode.sequential_logits(model, variables, inputs)
+  else:
+    logits = model.apply(variables, inputs, k_unroll=k_unroll)
+  mean, count = losses.next_token_loss(logits, targets)
+  return mean * count, count
+
+
+def evaluate_lm(model, params, batches, *, k_unroll=None, sequential=False, to_global=None):
+  """Mean next-token loss and perplexity over `batches` (np int32 [B, T+1] each)."""
+  total, count = 0.0, 0
+  for batch in batches:
+    batch = to_global(batch) if to_global else jnp.asarray(batch)
+    s, n = _batch_loss_sum(model, params, batch, k_unroll, sequential)
+    total += float(s)
+    count += int(n)
+  loss = total / max(count, 1)
+  return {'loss': loss, 'ppl': math.exp(min(loss, 50.0)), 'tokens': count}
+
+
+def sample_text(model, params, tokenizer, prompt: str, num_tokens: int, rng, *,
+                temperature: float = 0.8, top_k: int = 40) -> str:
+  """Continues `prompt` with the exact sequential decoder and returns the decoded text."""
+  ids = tokenizer.encode(prompt) or [tokenizer.eot_id]
+  prompt_ids = jnp.asarray(np.array(ids, np.int32)[None])
+  out = decode.generate(model, {'params': params}, prompt_ids, num_tokens, rng,
+                        temperature=temperature, top_k=top_k)
+  return tokenizer.decode([int(t) for t in np.asarray(out[0])])
+
+
+@register('kjv_bible', 'openwebtext', 'wikipedia')
+class LanguageModelling:
+  """Next-token prediction; the loss is `losses.model_loss` under the config's training recipe."""
+
+  # The names metrics.jsonl has always used for the LM loss terms.
+  metric_names = {'loss': 'train_loss', 'ce_loss': 'train_ce',
+                  'convergence_loss': 'convergence_loss'}
+  has_sample = True
+
+  def __init__(self, config, process_index: int, process_count: int):
+    from ctr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+    from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+    data = config.data
+    self.dataset = pipeline.load(data.name, data_dir=data.data_dir or config_lib.default_data_dir(),
+                                 manual_dir=data.manual_dir or None,
+                                 vocab_size=config.model.vocab_size)
+    self.tokenizer = self.dataset.tokenizer
+    self.train_iter = pipeline.train_iterator(
+        self.dataset, seq_len=data.seq_len, global_batch_size=config.batch_size, seed=config.seed,
+        process_index=process_index, process_count=process_count)
+    num = config.eval_batches if config.eval_batches > 0 else None
+    self.eval_batches = pipeline.eval_batches(
+        self.dataset, seq_len=data.seq_len, global_batch_size=config.batch_size,
+        num_batches=num, process_index=process_index, process_count=process_count)
+    self.recipe = train_step.Recipe.from_config(config.train)
+    # The exact scan exists for a context-ready model unless it is the cumulative ablation.
+    self.sequential = (config.eval_sequential and config.model.kind == 'context_ready'
+                       and not config.model.cumulative)
+
+  def loss(self, model, params, batch, *, k_unroll, rng, deterministic):
+    return losses.model_loss(model, params, batch, k_unroll=k_unroll, rng=rng,
+                             deterministic=deterministic, recipe=self.recipe)
+
+  def evaluate(self, model, params, *, to_global, final: bool) -> dict:
+    """{'val_loss', 'val_ppl'} (+ '_sequential' keys for the exact scan of a CRT)."""
+    del final  # the same validation batches every time
+    out = {}
+    par = evaluate_lm(model, params, self.eval_batches, to_global=to_global)
+    out['val_loss'], out['val_ppl'] = par['loss'], par['ppl']
+    if self.sequential:
+      seq = evaluate_lm(model, params, self.eval_batches, to_global=to_global, sequential=True)
+      out['val_loss_sequential'], out['val_ppl_sequential'] = seq['loss'], seq['ppl']
+    return out
+
+  def sample(self, model, params, config, rng) -> str:
+    return sample_text(model, params, self.tokenizer, config.sample.prompt,
+                       config.sample.num_tokens, rng, temperature=config.sample.temperature,
+                       top_k=config.sample.top_k)

@@ -1,0 +1,214 @@
+"""Pointer chasing (reference section 7; `configs/pointer_chasing.py`): the task and its scoring.
+
+Batches are generated on the fly (`ctr_jax.data.pointer_chasing`) from (seed, step): step s uses
+examples s*B .. s*B+B-1 of the training stream, so the iterator state is just the number of
+batches consumed. The loss is the cross-entropy AT every key position (the resolved base value),
+not a next-token loss, through the training recipe's forward (`train_step.forward`: the K-unroll,
+BPTT through the exact scan with `config.train.mode='bptt'`, or a transformer's forward).
+
+Evaluation is per-level accuracy: which levels a model resolves. Accuracy is the argmax
+prediction AT each key position against that position's target, grouped by what the position
+is: the query section of each level L0..L(H-1) (a level-L query needs L index lookups plus one
+base lookup), the final query, and the table keys. Chance is 1/16; the author counts a level as
+solved above 90%.
+
+    metrics = pointer_chasing.evaluate(predict, hops=3)   # predict: tokens [B, T] -> logits
+    pointer_chasing.levels_solved(metrics['level_accuracy'])
+"""
+
+from collections.abc import Callable, Mapping
+
+import jax
+import numpy as np
+
+from ctr_jax import decode, losses, train_step
+from ctr_jax.data import pointer_chasing as generator
+from ctr_jax.tasks import register
+
+DEFAULT_NUM_EXAMPLES = 1024
+PASS_THRESHOLD = 0.9
+
+
+def loss_on_targets(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Mean cross-entropy of logits [B, T, V] against the targets [B, T] AT the same positions.
+
+  Positions with target < 0 (everything but the key tokens) are ignored. Not a next-token loss:
+  pointer chasing asks for the resolved value of the key being read, so logits[t] meets targets[t].
+  """
+  return losses.next_token_loss(logits, targets)[0]
+
+
+def model_predictor(model, params, *, mode: str = 'sequential', k_unroll: int | None = None):
+  """A jitted `predict(tokens [B, T]) -> logits [B, T, V]` for `evaluate`.
+
+  mode 'sequential': the exact position scan (what BPTT trains); 'parallel': the model's parallel
+  forward with `k_unroll` fixed-point iterations (ignored by transformers).
+  """
+  variables = {'params': params}
+  if mode == 'sequential':
+    return lambda tokens: decode.sequential_logits(model, variables, tokens)
+  if mode == 'parallel':
+    return jax.jit(lambda tokens: model.apply(variables, tokens, k_unroll=k_unroll))
+  raise ValueError(f"mode must be 'sequential' or 'parallel', got {mode!r}")
+
+
+def evaluate(predict: Callable, hops: int, *, num_examples: int = DEFAULT_NUM_EXAMPLES,
+             batch_size: int = 64, seed: int = generator.EVAL_SEED) -> dict:
+  """Accuracies of `predict` on `num_examples` fresh examples of stream `seed`.
+
+  Args:
+    predict: tokens int32 [B, T] -> logits [B, T, V] or predicted token ids [B, T]. It is always
+      called with full batches of `batch_size` (the last one padded), so a jitted function
+      compiles once.
+    hops: table levels H.
+    num_examples: examples to score.
+    batch_size: examples per `predict` call.
+    seed: example stream; the default `EVAL_SEED` is disjoint from every training seed (>= 0).
+
+  Returns:
+    {'level_accuracy': {'L0': float, ..., 'L<H-1>': float},   # query sections
+     'final_query_accuracy': float,
+     'table_key_accuracy': float,                             # table keys, all levels
+     'table_level_accuracy': {'L0': float, ...},              # table keys, per level
+     'num_examples': int}
+  """
+  if num_examples < 1 or batch_size < 1:
+    raise ValueError(f'need num_examples >= 1 and batch_size >= 1, got {num_examples}, '
+                     f'{batch_size}')
+  labels = generator.position_labels(hops)
+  correct = np.zeros(len(labels.kind), np.int64)  # per position, summed over examples
+  for start in range(0, num_examples, batch_size):
+    count = min(batch_size, num_examples - start)
+    tokens, targets = generator.batch(hops, batch_size, seed, start=start)
+    out = np.asarray(predict(tokens))
+    predictions = out.argmax(axis=-1) if out.ndim == 3 else out
+    if predictions.shape != tokens.shape:
+      raise ValueError(f'predict returned shape {out.shape} for tokens of shape {tokens.shape}')
+    correct += np.sum(predictions[:count] == targets[:count], axis=0)
+
+  def accuracy(kind, level=None):
+    where = labels.kind == kind
+    if level is not None:
+      where &= labels.level == level
+    return float(correct[where].sum() / (where.sum() * num_examples))
+
+  levels = range(hops)
+  return {
+      'level_accuracy': {f'L{lvl}': accuracy(generator.QUERY_KEY, lvl) for lvl in levels},
+      'final_query_accuracy': accuracy(generator.FINAL_QUERY),
+      'table_key_accuracy': accuracy(generator.TABLE_KEY),
+      'table_level_accuracy': {f'L{lvl}': accuracy(generator.TABLE_KEY, lvl)
+                               for lvl in levels},
+      'num_examples': int(num_examples),
+  }
+
+
+def levels_solved(level_accuracy: Mapping[str, float], threshold: float = PASS_THRESHOLD) -> int:
+  """How many levels have accuracy above `threshold` (the author's "pass" is > 90%)."""
+  return sum(1 for value in level_accuracy.values() if value > threshold)
+
+
+class _BatchStream:
+  """Endless, checkpointable stream of this process's share of each global batch."""
+
+  def __init__(self, hops, global_batch_size, seed, process_index, process_count,
+               **helper_targets):
+    if global_batch_size % process_count:
+      raise ValueError(f'config.batch_size={global_batch_size} is not divisible by the '
+                       f'{process_count} processes')
+    self.hops, self.global_batch, self.seed = hops, global_batch_size, seed
+    self.helper_targets = helper_targets  # generator.HELPER_TARGETS switches
+    self.local = global_batch_size // process_count
+    self.offset = process_index * self.local
+    self.next_index = 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    start = self.next_index * self.global_batch + self.offset
+    tokens, targets = generator.batch(self.hops, self.local, self.seed, start=start,
+                                      **self.helper_targets)
+    self.next_index += 1
+    return {'tokens': tokens, 'targets': targets}
+
+  def get_state(self) -> dict:
+    return {'next_index': self.next_index}
+
+  def set_state(self, state: dict) -> None:
+    self.next_index = int(state['next_index'])
+
+
+# The pointer-only fields, set by configs/pointer_chasing.py.
+CONFIG_FIELDS = ('data.hops', 'data.entry_targets', 'data.equals_targets',
+                 'pointer_eval_examples')
+
+
+def validate_config(config) -> None:
+  """The pointer fields exist and fit each other (T = 42H + 2, the task's vocabulary)."""
+  for field in CONFIG_FIELDS:
+    node, *rest = field.split('.')
+    if node not in config or (rest and rest[0] not in config[node]):
+      raise ValueError(f'config.{field} is missing: pointer chasing needs the fields of '
+                       'configs/pointer_chasing.py (start from that config)')
+  hops = config.data.hops
+  if not isinstance(hops, int) or hops < 1:
+    raise ValueError(f'config.data.hops: must be an integer >= 1, got {hops!r}')
+  for helper in generator.HELPER_TARGETS:
+    if config.data[helper] not in (True, False, 0, 1):
+      raise ValueError(f'config.data.{helper}: got {config.data[helper]!r}, allowed '
+                       '[True, False]')
+  if config.pointer_eval_examples < 1:
+    raise ValueError(f'config.pointer_eval_examples: must be >= 1, got '
+                     f'{config.pointer_eval_examples}')
+  expected_len = generator.seq_len(hops)
+  if config.data.seq_len != expected_len:
+    raise ValueError(f'config.data.seq_len must be {expected_len} for hops={hops} '
+                     f'(42H+2), got {config.data.seq_len}')
+  vocab = generator.vocab_size(hops)
+  if config.model.vocab_size != vocab:
+    raise ValueError(f'config.model.vocab_size must be {vocab} for hops={hops}, got '
+                     f'{config.model.vocab_size}')
+
+
+@register('pointer_chasing', validate_config=validate_config)
+class PointerChasing:
+  """Pointer chasing with H = config.data.hops table levels."""
+
+  metric_names = {}  # the loss is logged as train_loss
+  has_sample = False
+
+  def __init__(self, config, process_index: int, process_count: int):
+    self.hops = config.data.hops
+    # Helper targets only shape training; evaluation always scores the task's own targets.
+    self.train_iter = _BatchStream(self.hops, config.batch_size, config.seed, process_index,
+                                   process_count, **{h: bool(config.data[h])
+                                                     for h in generator.HELPER_TARGETS})
+    self.eval_examples = config.eval_batches * config.batch_size
+    self.final_examples = config.pointer_eval_examples
+    self.batch_size = config.batch_size
+    self.recipe = train_step.Recipe.from_config(config.train)
+
+  def loss(self, model, params, batch, *, k_unroll, rng, deterministic):
+    logits, _ = train_step.forward(model, params, batch['tokens'], self.recipe,
+                                   k_unroll=k_unroll, rng=rng, deterministic=deterministic)
+    loss = loss_on_targets(logits, batch['targets'])
+    return loss, {'loss': loss}
+
+  def evaluate(self, model, params, *, to_global, final: bool) -> dict:
+    """Per-level accuracy; the exact sequential model for a CRT, the forward for a transformer.
+
+    Periodic evaluations use eval_batches * batch_size examples; the final one (after training)
+    uses config.pointer_eval_examples (1,024 by default).
+    """
+    del to_global
+    mode = 'sequential' if model.spec.is_context_ready else 'parallel'
+    predict = model_predictor(model, params, mode=mode)
+    num = self.final_examples if final else self.eval_examples
+    result = evaluate(predict, self.hops, num_examples=num, batch_size=self.batch_size)
+    return {'level_accuracy': result['level_accuracy'],
+            'final_query_accuracy': result['final_query_accuracy'],
+            'table_key_accuracy': result['table_key_accuracy'],
+            'table_level_accuracy': result['table_level_accuracy'],
+            'levels_solved': levels_solved(result['level_accuracy']),
+            'eval_examples': num}
