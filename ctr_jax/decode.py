@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from ctr_jax.models import attention
 from ctr_jax.models import blocks
 from ctr_jax.models import layers
-from ctr_jax.models.recurrence import DecodeState, shift_right
+from ctr_jax.models.recurrence import DecodeState
 
 __all__ = ['DecodeState', 'init_decode_state', 'position_scan', 'sequential_logits', 'prefill',
            'parallel_prefill', 'sample_logits', 'continue_generation', 'generate']
@@ -71,7 +71,8 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
                      max_iterations: int = 0):
   """`prefill` by fixed-point iteration over all prompt positions at once.
 
-  Context-ready models iterate u = e + c, z = Block(u), c <- CorrFFN(LN(shift(z) + e)) until
+  Context-ready models iterate u = e + c, z = Block(u), c <- CorrFFN(LN(shift(z) + e)) (the
+  model's `iterate`, the pass its parallel forward repeats K times) until
   max |c_new - c| <= tolerance (or `max_iterations`, default T0 + 1, after which the result is
   exact by causality: position t is exact after t + 2 passes). Every pass writes the KV caches,
   so the state after the last pass continues decoding like `prefill`'s. A transformer needs one
@@ -87,16 +88,14 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
     raise ValueError('model.cumulative=True has no exact sequential form; it cannot be prefilled')
   max_iterations = max_iterations or t0 + 1
   positions = jnp.arange(t0)
-  run = functools.partial(model.apply, variables)
-  e = run(prompt, True, positions, method=lambda m, *a: m.embed_tokens(*a))
+  apply = functools.partial(model.apply, variables)
+  e = apply(prompt, True, positions, method='embed_tokens')
 
   def one_pass(carry):
     c, _, _, _, iterations, _ = carry
-    u = e + c
-    z, caches = run(u, positions, state.caches, jnp.zeros((), jnp.int32),
-                    method=lambda m, *a: m.blocks(*a))
-    feedback = run(z, u, method=lambda m, *a: m.feedback(*a))
-    c_next = run(shift_right(feedback), e, method=lambda m, *a: m.correct(*a))
+    # Every pass writes all T0 positions of the fresh caches, so the last pass's caches are
+    # those of its (final) block inputs.
+    c_next, u, z, caches = apply(c, e, positions, caches=state.caches, method='iterate')
     change = jnp.max(jnp.abs((c_next - c).astype(jnp.float32)))
     return c_next, u, z, caches, iterations + 1, change
 
@@ -107,8 +106,8 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
   zeros = jnp.zeros_like(e)
   carry = one_pass((zeros, e, zeros, state.caches, jnp.zeros((), jnp.int32), jnp.float32(0)))
   _, u, z, caches, iterations, _ = jax.lax.while_loop(not_converged, one_pass, carry)
-  logits = run(z, method=lambda m, h: m.logits(h))
-  feedback = run(z[:, -1:], u[:, -1:], method=lambda m, *a: m.feedback(*a))[:, 0]
+  logits = apply(z, method='logits')
+  feedback = apply(z[:, -1:], u[:, -1:], method='feedback')[:, 0]
   state = state.replace(caches=caches, feedback=feedback.astype(state.feedback.dtype),
                         index=jnp.asarray(t0, jnp.int32))
   return logits, state, iterations

@@ -7,6 +7,7 @@ import pytest
 
 from ctr_jax import decode, models
 from ctr_jax.models import attention
+from ctr_jax.models import blocks
 from ctr_jax.models import layers
 from helpers import FAMILY_OPTIONS, family_lm, max_abs_diff
 
@@ -42,6 +43,43 @@ def test_gpt_block_keeps_its_parameter_names():
   assert {p for p in paths if 'block_' not in p} == {
       "['embed']['embedding']", "['ln_f']['scale']", "['ln_f']['bias']", "['head']['weight']",
       "['head']['bias']"}
+
+
+class _GatedLayerNormBlock(blocks.LlamaBlock):
+  """A family that exists only in this test: LayerNorms, GeGLU-tanh, a head bias."""
+  norm_kind = 'layer'
+  default_activation = 'gelu_tanh'
+  head_bias = True
+
+
+def test_a_new_family_is_one_registered_class(monkeypatch):
+  with pytest.raises(ValueError, match=r"model.block: got 'gated_ln', allowed \['gpt', "):
+    models.model_config(block='gated_ln')
+  monkeypatch.setitem(blocks.BLOCK_FAMILIES, 'gated_ln', _GatedLayerNormBlock)
+  model = models.build(models.model_config(
+      kind='transformer', block='gated_ln', vocab_size=29, width=16, depth=2, num_heads=4,
+      num_kv_heads=2, max_len=32))
+  tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, 29)
+  variables = jax.jit(model.init)(jax.random.key(0), tokens)
+  p = variables['params']
+  # The traits, not the family's name, shape the model around the blocks.
+  assert set(p['ln_f']) == {'scale', 'bias'} and set(p['head']) == {'weight', 'bias'}
+  assert set(p['blocks']['block_0']['attn_norm']) == {'scale', 'bias'}
+  assert layers.activation_name(model.spec) == 'gelu_tanh'
+  assert layers.embed_scale(model.spec) == 1.0
+  full = jax.jit(model.apply)(variables, tokens)
+  assert max_abs_diff(full, decode.sequential_logits(model, variables, tokens)) <= 1e-4
+
+
+def test_family_traits_reproduce_the_former_switches():
+  traits = {name: (cls.norm_kind, cls.default_activation, cls.scale_embeddings, cls.head_bias)
+            for name, cls in blocks.BLOCK_FAMILIES.items()}
+  assert traits == {'gpt': ('layer', 'gelu', False, True),
+                    'gemma': ('rms_offset', 'gelu_tanh', True, False),
+                    'llama': ('rms', 'silu', False, False),
+                    'falcon': ('layer', 'gelu', False, False),
+                    'moe': ('rms', 'silu', False, False)}
+  assert models.BLOCKS == tuple(blocks.BLOCK_FAMILIES)
 
 
 def test_gemma_family_pieces():

@@ -178,11 +178,23 @@ def test_ablation_variants_train_and_keep_or_break_k_invariance(correction, cumu
 def test_remat_and_random_depth_give_the_same_function():
   cfg, model, variables, tokens = random_model(15, depth=2)
   batch = random_tokens(16, cfg.vocab_size, batch=2, length=7)
-  g1 = jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=4)[0])(variables['params'])
-  remat = train_step.Recipe(remat=True)
-  g2 = jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=4, recipe=remat)[0])(
-      variables['params'])
+
+  def loss(p, remat):
+    logits, aux = model.apply({'params': p}, batch[:, :-1], k_unroll=4, remat=remat,
+                              return_aux=True)
+    ce, _ = losses.next_token_loss(logits, batch[:, 1:])
+    return ce + train_step.Recipe().convergence_weight * aux['convergence_loss']
+  g1 = jax.grad(loss)(variables['params'], False)
+  g2 = jax.grad(loss)(variables['params'], True)
   assert max(max_abs_diff(a, b) for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2))) < 1e-5
+  # The call argument is what rematerialises: the backward pass recomputes the iterations.
+  traced = lambda remat: str(jax.make_jaxpr(jax.grad(loss), static_argnums=1)(
+      variables['params'], remat))
+  assert 'remat' in traced(True) and 'remat' not in traced(False)
+  # A transformer accepts and ignores it.
+  t_cfg, t_model, t_vars, t_tokens = random_model(15, kind='transformer', depth=1)
+  assert max_abs_diff(t_model.apply(t_vars, t_tokens, remat=True),
+                      t_model.apply(t_vars, t_tokens)) == 0
 
 
 def test_unroll_diagnostics_report_contraction():

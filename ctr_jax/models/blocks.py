@@ -2,56 +2,26 @@
 
 Every block has the signature of the layers it is built from:
 `(x [B, T, C], positions, cache, cache_index, deterministic) -> (y, new_cache)`. Families are
-selected by `spec.block`; each is one small class registered in `BLOCK_FAMILIES`.
-"""
+selected by `spec.block`; each is one `_FamilyBlock` subclass registered in `BLOCK_FAMILIES`,
+whose keys are the allowed values of `model.block`. A family's class attributes are its traits:
+the rest of the model (final norm, head, embeddings, MLP activation) and the HF loader read them
+from the class instead of switching on the family's name.
 
-from typing import Any
+Adding a family takes: its class here (three stages, traits, one `BLOCK_FAMILIES` entry), its
+patch rule in `ctr_jax.implicit.blocks._FAMILIES` (for the implicit updates), and, to load real
+checkpoints, its architecture in `ctr_jax.hf` (a config mapping and a parameter mapping).
+"""
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from ctr_jax.models.config import ModelSpec
 from ctr_jax.models.attention import Attention, Cache
-from ctr_jax.models.layers import (GatedMlp, Mlp, MoeMlp, RMSNorm, activation_name, compute_dtype,
-                                   layer_norm)
+from ctr_jax.models.layers import GatedMlp, Mlp, MoeMlp, activation_name, compute_dtype, norm
 
 # ------------------------------------------------------------------------------------------------
 # Block families.
 # ------------------------------------------------------------------------------------------------
-
-
-class GptBlock(nn.Module):
-  """Pre-LN block of the paper's "roformer": h += Attn(LN(h)); h += FFN(LN(h)); with biases."""
-  spec: ModelSpec
-  layer_index: int = 0
-
-  def setup(self):
-    self.ln_attn = layer_norm(self.spec)
-    self.attn = Attention(self.spec)
-    self.ln_mlp = layer_norm(self.spec)
-    self.mlp = Mlp(self.spec, activation=activation_name(self.spec))
-    self.drop = nn.Dropout(self.spec.dropout)
-
-  def __call__(self, x, positions, cache=None, cache_index=None, deterministic=True):
-    a, new_cache = self.attn(self.ln_attn(x), positions, cache, cache_index)
-    x = x + self.drop(a, deterministic=deterministic)
-    x = x + self.drop(self.mlp(self.ln_mlp(x)), deterministic=deterministic)
-    return x, new_cache
-
-  # The three stages every family exposes (ctr_jax/implicit patches between them):
-  # v = attend(x) is the residual after the attention sub-layer, z = mlp_input(x, v) the
-  # normalised MLP input, and the block output is v + mlp_branch(z).
-
-  def attend(self, x, positions, cache=None, cache_index=None, deterministic=True):
-    a, new_cache = self.attn(self.ln_attn(x), positions, cache, cache_index)
-    return x + self.drop(a, deterministic=deterministic), new_cache
-
-  def mlp_input(self, x, v):
-    del x
-    return self.ln_mlp(v)
-
-  def mlp_branch(self, z):
-    return self.mlp(z)
 
 
 def layer_attention(spec: ModelSpec, layer_index: int, **kwargs) -> Attention:
@@ -72,9 +42,26 @@ def layer_attention(spec: ModelSpec, layer_index: int, **kwargs) -> Attention:
 
 
 class _FamilyBlock(nn.Module):
-  """Shared `__call__` of the non-gpt families; subclasses define the three stages."""
+  """The shared `__call__` of every family; subclasses define three stages and their traits.
+
+  The stages (ctr_jax/implicit patches between them): v = attend(x) is the residual after the
+  attention sub-layer, z = mlp_input(x, v) the normalised MLP input, and the block output is
+  v + mlp_branch(z).
+
+  Traits (class attributes, read through `block_class(spec)`):
+    norm_kind           'layer' (nn.LayerNorm), 'rms' (RMSNorm) or 'rms_offset' (Gemma's
+                        RMSNorm storing w of (1 + w)); the family's norm, the final one included
+    default_activation  the MLP nonlinearity when `spec.activation` is '' (layers.ACTIVATIONS)
+    scale_embeddings    token embeddings times sqrt(C) unless `spec.embed_scale` is set
+    head_bias           an untied head has a bias
+  """
   spec: ModelSpec
   layer_index: int = 0
+
+  norm_kind = 'rms'
+  default_activation = 'silu'
+  scale_embeddings = False
+  head_bias = False
 
   def __call__(self, x, positions, cache=None, cache_index=None, deterministic=True):
     v, new_cache = self.attend(x, positions, cache, cache_index, deterministic)
@@ -86,22 +73,50 @@ class _FamilyBlock(nn.Module):
     return (s.query_pre_attn_scalar or s.head_dim) ** -0.5
 
 
+class GptBlock(_FamilyBlock):
+  """Pre-LN block of the paper's "roformer": h += Attn(LN(h)); h += FFN(LN(h)); with biases."""
+  norm_kind = 'layer'
+  default_activation = 'gelu'
+  head_bias = True
+
+  def setup(self):
+    self.ln_attn = norm(self.spec)
+    self.attn = Attention(self.spec)
+    self.ln_mlp = norm(self.spec)
+    self.mlp = Mlp(self.spec, activation=activation_name(self.spec))
+    self.drop = nn.Dropout(self.spec.dropout)
+
+  def attend(self, x, positions, cache=None, cache_index=None, deterministic=True):
+    a, new_cache = self.attn(self.ln_attn(x), positions, cache, cache_index)
+    return x + self.drop(a, deterministic=deterministic), new_cache
+
+  def mlp_input(self, x, v):
+    del x
+    return self.ln_mlp(v)
+
+  def mlp_branch(self, z):
+    return self.mlp(z)
+
+
 class GemmaBlock(_FamilyBlock):
   """Gemma 2/3: RMSNorm (1 + w) before and after attention and MLP, GeGLU-tanh, no biases.
 
   v = x + PostAttnNorm(Attn(PreAttnNorm(x)));  out = v + PostMlpNorm(Mlp(PreMlpNorm(v))).
   """
+  norm_kind = 'rms_offset'
+  default_activation = 'gelu_tanh'
+  scale_embeddings = True
 
   def setup(self):
     s = self.spec
-    self.attn_norm = RMSNorm(s, offset=True)
+    self.attn_norm = norm(s)
     self.attn = layer_attention(s, self.layer_index, use_bias=False,
                                 qk_norm='gemma' if s.qk_norm else '',
                                 scale=self.attention_scale())
-    self.post_attn_norm = RMSNorm(s, offset=True)
-    self.mlp_norm = RMSNorm(s, offset=True)
+    self.post_attn_norm = norm(s)
+    self.mlp_norm = norm(s)
     self.mlp = GatedMlp(s)
-    self.post_mlp_norm = RMSNorm(s, offset=True)
+    self.post_mlp_norm = norm(s)
     self.drop = nn.Dropout(s.dropout)
 
   def attend(self, x, positions, cache=None, cache_index=None, deterministic=True):
@@ -118,14 +133,16 @@ class GemmaBlock(_FamilyBlock):
 
 class LlamaBlock(_FamilyBlock):
   """Llama/Mistral/Qwen2: pre-RMSNorm only, SwiGLU, no biases (optional QK-norm as Qwen3)."""
+  norm_kind = 'rms'
+  default_activation = 'silu'
 
   def setup(self):
     s = self.spec
-    self.attn_norm = RMSNorm(s)
+    self.attn_norm = norm(s)
     self.attn = layer_attention(s, self.layer_index, use_bias=False,
                                 qk_norm='llama' if s.qk_norm else '',
                                 scale=self.attention_scale())
-    self.mlp_norm = RMSNorm(s)
+    self.mlp_norm = norm(s)
     self.mlp = self.make_mlp()
     self.drop = nn.Dropout(s.dropout)
 
@@ -156,12 +173,14 @@ class FalconBlock(_FamilyBlock):
 
   LN' is the same LayerNorm (parallel_norms=1, Falcon-7B) or its own (2, Falcon-40B).
   """
+  norm_kind = 'layer'
+  default_activation = 'gelu'
 
   def setup(self):
     s = self.spec
-    self.attn_norm = layer_norm(s)
+    self.attn_norm = norm(s)
     if s.parallel_norms == 2:
-      self.mlp_norm = layer_norm(s)
+      self.mlp_norm = norm(s)
     self.attn = layer_attention(s, self.layer_index, use_bias=s.use_bias,
                                 scale=self.attention_scale())
     self.mlp = Mlp(s, activation=activation_name(s), use_bias=s.use_bias)
@@ -179,11 +198,14 @@ class FalconBlock(_FamilyBlock):
     return self.mlp(z)
 
 
-BLOCK_FAMILIES: dict[str, Any] = {'gpt': GptBlock, 'gemma': GemmaBlock, 'llama': LlamaBlock,
-                                  'falcon': FalconBlock, 'moe': MoeBlock}
+# The registry: `model.block` names (in this order in error messages) -> family classes.
+BLOCK_FAMILIES: dict[str, type[_FamilyBlock]] = {
+    'gpt': GptBlock, 'gemma': GemmaBlock, 'llama': LlamaBlock, 'falcon': FalconBlock,
+    'moe': MoeBlock}
 
 
-def block_class(spec: ModelSpec):
+def block_class(spec: ModelSpec) -> type[_FamilyBlock]:
+  """The family class of `spec.block`; its class attributes are the family's traits."""
   if spec.block not in BLOCK_FAMILIES:
     raise ValueError(f'model.block={spec.block!r} is not implemented yet; available: '
                      f'{sorted(BLOCK_FAMILIES)}')

@@ -12,7 +12,6 @@ from typing import Any
 import ml_collections
 
 KINDS = ('transformer', 'context_ready')
-BLOCKS = ('gpt', 'gemma', 'llama', 'falcon', 'moe')
 CORRECTIONS = ('add', 'token_blind', 'concat', 'none', 'tied')
 INITS = ('torch', 'normal')
 DTYPES = ('float32', 'bfloat16', 'float64', 'float16')
@@ -24,6 +23,16 @@ KERNEL_LAYOUTS = ('out_in', 'in_out')
 # still hold them): model field -> its field in the training config `config.train`.
 MOVED_TO_TRAIN = {'remat': 'remat', 'k_min': 'k_min', 'convergence_weight': 'convergence_weight',
                   'train_mode': 'mode'}
+
+
+def block_names() -> tuple[str, ...]:
+  """The allowed `model.block` values: the keys of `blocks.BLOCK_FAMILIES`, the registry.
+
+  Read at call time: ctr_jax.models.blocks imports this module.
+  """
+  from ctr_jax.models import blocks  # pylint: disable=g-import-not-at-top
+  return tuple(blocks.BLOCK_FAMILIES)
+
 
 # Paper sizes (reference section 6.2: the ~85M block-FLOP grid; 16 heads everywhere) and a few
 # CPU-sized names. `d` = context-ready unit of D layers, `t` = plain N-layer transformer.
@@ -70,7 +79,7 @@ def default_model_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = ''                 # size name from SIZES ('' = sizes given explicitly)
   c.kind = 'context_ready'    # 'transformer' (the paper's "roformer") | 'context_ready'
-  c.block = 'gpt'             # block family: 'gpt' | 'gemma' | 'llama' | 'falcon' | 'moe'
+  c.block = 'gpt'             # block family: a key of blocks.BLOCK_FAMILIES (models.BLOCKS)
   c.vocab_size = 32000
   c.width = 256               # C
   c.depth = 2                 # D for context_ready, N for transformer
@@ -99,7 +108,7 @@ def default_model_config() -> ml_collections.ConfigDict:
   c.num_experts = 4
   c.experts_per_token = 2
   c.tie_embeddings = False
-  # Fields real checkpoints need (see ctr_jax/hf.py); the defaults keep every family as before.
+  # Fields real checkpoints need (see ctr_jax/hf/); the defaults keep every family as before.
   c.positions = 'rope'        # 'rope' | 'rope_integer' (angle position * j for pair j, as the
                               # author's code) | 'learned' (GPT-2's position table, max_len rows)
   c.activation = ''           # '' = family default: gpt 'gelu' (erf), gemma 'gelu_tanh',
@@ -156,7 +165,8 @@ def validate(cfg) -> None:
   """Raises ValueError naming the first bad field; returns None for a valid config."""
   validate_not_moved(cfg)
   _check(cfg.kind in KINDS, 'kind', f'got {cfg.kind!r}, allowed {list(KINDS)}')
-  _check(cfg.block in BLOCKS, 'block', f'got {cfg.block!r}, allowed {list(BLOCKS)}')
+  blocks = block_names()
+  _check(cfg.block in blocks, 'block', f'got {cfg.block!r}, allowed {list(blocks)}')
   for field in ('vocab_size', 'width', 'depth', 'num_heads', 'max_len', 'mlp_ratio'):
     _check(int(cfg[field]) >= 1, field, f'must be a positive integer, got {cfg[field]!r}')
   _check(cfg.width % cfg.num_heads == 0 or cfg.head_dim > 0, 'width',

@@ -159,11 +159,21 @@ class RMSNorm(nn.Module):
     return normed.astype(dtype) * scale.astype(dtype)
 
 
+def _family(spec: ModelSpec):
+  """The block class of `spec.block`, whose class attributes are the family's traits.
+
+  Imported at call time: ctr_jax.models.blocks is built from this module.
+  """
+  from ctr_jax.models import blocks  # pylint: disable=g-import-not-at-top
+  return blocks.block_class(spec)
+
+
 def norm(spec: ModelSpec, name: str | None = None) -> nn.Module:
-  """The family's normalisation layer: LayerNorm (gpt, falcon) or RMSNorm (the others)."""
-  if spec.block in ('gpt', 'falcon'):
+  """The family's normalisation layer (its `norm_kind`): LayerNorm or an RMSNorm."""
+  kind = _family(spec).norm_kind
+  if kind == 'layer':
     return layer_norm(spec, name=name)
-  return RMSNorm(spec, offset=spec.block == 'gemma', name=name)
+  return RMSNorm(spec, offset=kind == 'rms_offset', name=name)
 
 
 ACTIVATIONS: dict[str, Callable] = {
@@ -172,20 +182,19 @@ ACTIVATIONS: dict[str, Callable] = {
     'silu': nn.silu,
     'relu': nn.relu,
 }
-_DEFAULT_ACTIVATION = {'gpt': 'gelu', 'gemma': 'gelu_tanh', 'llama': 'silu', 'moe': 'silu',
-                       'falcon': 'gelu'}
 
 
 def activation_name(spec: ModelSpec) -> str:
-  """The MLP nonlinearity of the spec's block family ('gelu' is the exact erf form)."""
-  return spec.activation or _DEFAULT_ACTIVATION[spec.block]
+  """The MLP nonlinearity: `spec.activation`, else the family's ('gelu' is the exact erf form)."""
+  return spec.activation or _family(spec).default_activation
 
 
 def embed_scale(spec: ModelSpec) -> float:
-  """Factor on the token embeddings: sqrt(C) for Gemma unless `embed_scale` says otherwise."""
+  """Factor on the token embeddings: `spec.embed_scale`, else sqrt(C) for a family with
+  `scale_embeddings` (Gemma) and 1 otherwise."""
   if spec.embed_scale:
     return float(spec.embed_scale)
-  return math.sqrt(spec.width) if spec.block == 'gemma' else 1.0
+  return math.sqrt(spec.width) if _family(spec).scale_embeddings else 1.0
 
 
 class Mlp(nn.Module):

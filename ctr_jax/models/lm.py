@@ -4,8 +4,13 @@ One `__call__` serves every mode:
   model.apply(v, tokens)                          -> logits [B, T, V]        (training / eval)
   model.apply(v, tokens, return_aux=True)         -> (logits, aux)           (losses, diagnostics)
   model.apply(v, tokens, decode_state=state)      -> (logits, new_state)     (prefill / step decode)
-`k_unroll` sets K for the context-ready parallel forward and `remat=True` rematerialises each of
-its iterations in the backward pass (training memory); the transformer ignores both.
+`k_unroll` sets K and `remat` rematerialises each iteration of the context-ready parallel
+forward; the transformer ignores both.
+
+The stages are methods, so code outside the forward runs them by name, e.g.
+`model.apply(v, c, e, positions, method='iterate')` (ctr_jax.decode.parallel_prefill):
+`embed_tokens`, `logits`, and for the context-ready model `iterate` (one fixed-point pass),
+`correct` and `feedback`.
 """
 
 import flax.linen as nn
@@ -21,9 +26,9 @@ from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_rig
 class _LanguageModelBase(nn.Module):
   """Embedding, final norm and head shared by both kinds.
 
-  The family decides the final norm (LayerNorm for gpt/falcon, RMSNorm otherwise), the head's
-  bias (only the gpt head has one) and the embedding scale (sqrt(C) for gemma);
-  `tie_embeddings` reads the logits off the embedding table instead of a head.
+  The block family's traits (class attributes in ctr_jax.models.blocks) decide the final norm,
+  the head's bias and the embedding scale; `tie_embeddings` reads the logits off the embedding
+  table instead of a head.
   """
   spec: ModelSpec
 
@@ -37,7 +42,8 @@ class _LanguageModelBase(nn.Module):
     self.blocks = blocks.BlockStack(s)
     self.ln_f = layers.norm(s)
     if not s.tie_embeddings:
-      self.head = layers.dense(s, s.vocab_size, use_bias=s.block == 'gpt', fan_in=s.width)
+      self.head = layers.dense(s, s.vocab_size, use_bias=blocks.block_class(s).head_bias,
+                               fan_in=s.width)
     self.drop = nn.Dropout(s.dropout)
 
   def embed_tokens(self, tokens, deterministic, positions=None):
@@ -56,12 +62,6 @@ class _LanguageModelBase(nn.Module):
     out = self.embed.attend(h) if self.spec.tie_embeddings else self.head(h)
     return out.astype(layers.accumulation_dtype(out.dtype))
 
-  def init_decode_state(self, batch_size: int, length: int) -> DecodeState:
-    s = self.spec
-    return DecodeState(caches=blocks.init_cache(s, batch_size, length),
-                       feedback=jnp.zeros((batch_size, s.width), layers.compute_dtype(s)),
-                       index=jnp.zeros((), jnp.int32))
-
 
 class TransformerLM(_LanguageModelBase):
   """Token embedding, N pre-LN RoPE blocks, final LayerNorm, untied head with bias."""
@@ -69,9 +69,9 @@ class TransformerLM(_LanguageModelBase):
   def setup(self):
     self.setup_common()
 
-  def __call__(self, tokens, *, k_unroll=None, decode_state: DecodeState | None = None,
-               deterministic: bool = True, return_aux: bool = False, positions=None,
-               remat: bool = False):
+  def __call__(self, tokens, *, k_unroll=None, remat: bool = False,
+               decode_state: DecodeState | None = None, deterministic: bool = True,
+               return_aux: bool = False, positions=None):
     """`positions` ([T] or [B, T], default 0..T-1) runs `tokens` alone at those absolute
     positions (e.g. a query without its context); decode states bring their own."""
     del k_unroll, remat  # A transformer has no unroll.
@@ -144,14 +144,28 @@ class ContextReadyLM(_LanguageModelBase):
     """What position t hands to t+1: z_t (or the block delta for correction='none')."""
     return z - u if self.spec.correction == 'none' else z
 
-  def __call__(self, tokens, *, k_unroll=None, decode_state: DecodeState | None = None,
-               deterministic: bool = True, return_aux: bool = False, remat: bool = False):
+  def __call__(self, tokens, *, k_unroll=None, remat: bool = False,
+               decode_state: DecodeState | None = None, deterministic: bool = True,
+               return_aux: bool = False):
     if decode_state is not None:
       return self._step(tokens, decode_state, deterministic)
-    return self._parallel(tokens, k_unroll or self.spec.k_unroll, deterministic, return_aux,
-                          remat)
+    return self._parallel(tokens, k_unroll or self.spec.k_unroll, remat, deterministic,
+                          return_aux)
 
-  def _parallel(self, tokens, k_unroll, deterministic, return_aux, remat=False):
+  def iterate(self, c, e, positions, *, u_prev=None, caches=None, deterministic=True):
+    """One fixed-point pass over all positions: u = e + c, z = Unit(u), c' = Correct(shift(z), e).
+
+    c, e [B, T, C]: the current correction and the embeddings; `u_prev` (the last pass's block
+    input) makes it the cumulative ablation's u = u_prev + c. With `caches` the unit writes
+    every position's keys and values from slot 0 (the parallel prefill). Returns
+    (c' [B, T, C], u, z, the written caches or None).
+    """
+    u = (e if u_prev is None else u_prev) + c
+    cache_index = None if caches is None else jnp.zeros((), jnp.int32)
+    z, caches = self.blocks(u, positions, caches, cache_index, deterministic)
+    return self.correct(shift_right(self.feedback(z, u)), e), u, z, caches
+
+  def _parallel(self, tokens, k_unroll, remat, deterministic, return_aux):
     """K fixed-point iterations over all positions: c^(0) = 0, u^(k) = e + c^(k-1)."""
     e = self.embed_tokens(tokens, deterministic)
     positions = jnp.arange(tokens.shape[1])
@@ -159,9 +173,8 @@ class ContextReadyLM(_LanguageModelBase):
 
     def iteration(mdl, carry):
       c, u_prev, _ = carry
-      u = (u_prev if cumulative else e) + c
-      z, _ = mdl.blocks(u, positions, deterministic=deterministic)
-      c_next = mdl.correct(shift_right(mdl.feedback(z, u)), e)
+      c_next, u, z, _ = mdl.iterate(c, e, positions, u_prev=u_prev if cumulative else None,
+                                    deterministic=deterministic)
       change = (c_next - c).astype(jnp.float32)
       stats = {'change_max': jnp.max(jnp.abs(change)),
                'change_rms': jnp.sqrt(jnp.mean(jnp.square(change)))}
