@@ -11,15 +11,15 @@ import math
 
 import jax
 
-from ctr_jax.models.config import (BLOCKS, CORRECTIONS, KERNEL_LAYOUTS, KINDS, SIZES,
-                                   SPEC_DEFAULTS, ModelSpec, decode_size, default_model_config,
-                                   model_config, validate)
+from ctr_jax.models.config import (BLOCKS, CORRECTIONS, KERNEL_LAYOUTS, KINDS, LEGACY_DEFAULTS,
+                                   SIZES, ModelSpec, decode_size, default_model_config,
+                                   model_config, saved_model_config, validate)
 from ctr_jax.models.lm import ContextReadyLM, TransformerLM
 from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_right
 
 __all__ = [
-    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'SIZES', 'SPEC_DEFAULTS', 'ModelSpec',
-    'decode_size', 'default_model_config', 'model_config', 'validate', 'ContextReadyLM',
+    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'LEGACY_DEFAULTS', 'SIZES', 'ModelSpec',
+    'decode_size', 'default_model_config', 'model_config', 'saved_model_config', 'validate', 'ContextReadyLM',
     'TransformerLM', 'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of',
     'count_params', 'flops_per_token',
 ]
