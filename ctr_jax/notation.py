@@ -18,10 +18,3 @@ Docstrings and comments write shapes as `[B, T, C]` with these letters:
 Vectors named in the paper: e_t token embedding, c_t correction, u_t = e_t + c_t block input,
 z_t block output, all [C] per position.
 """
-
-import jax
-
-# Aliases used in signatures purely as documentation.
-Array = jax.Array
-Tokens = jax.Array  # int32 [B, T]
-Logits = jax.Array  # float [B, T, V]

@@ -1,9 +1,15 @@
 """Device mesh and sharding by logical axis names.
 
-Parameters (and the optimizer state that mirrors them) get logical axis names from their module
-and parameter names (`param_logical_axes`); activations are annotated inside the model with
-`nn.with_logical_constraint(x, ('act_batch', 'act_length', 'act_embed'))`. The config's rules map
-logical names onto the mesh axes ('data', 'fsdp', 'tensor').
+Every parameter is annotated with logical axis names where it is created (ctr_jax/models:
+`nn.with_logical_partitioning`, e.g. a dense layer's [in, out] matrix ('embed', 'mlp'));
+`param_axes` reads them off the model, and `tree_shardings` maps a train state (the params and
+the optimizer state that mirrors them) to NamedShardings with the config's rules
+(`config.sharding_rules`, logical name -> mesh axes 'data', 'fsdp', 'tensor'). Activations are
+annotated inside the model with `nn.with_logical_constraint(x, ('act_batch', 'act_length',
+'act_embed'))`, resolved under `activation_rules`.
+
+    axes = sharding.param_axes(model, tokens)     # {'blocks': {...: PartitionSpec('embed', ..)}}
+    shardings = sharding.tree_shardings(state, mesh, rules, axes)
 """
 
 import math
@@ -15,25 +21,22 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
-# Logical name -> mesh axes. Weights are sharded over fsdp along C and over tensor along
-# heads / mlp / vocab; activations along the batch over data and fsdp.
+# Logical name -> mesh axes. Weights are sharded over fsdp along C (and the head dimension of
+# the QK-norm scales) and over tensor along heads / mlp / vocab; activations along the batch
+# over data and fsdp. An axis whose size the mesh axes do not divide stays replicated.
 DEFAULT_RULES = (
     ('act_batch', ('data', 'fsdp')),
     ('act_length', None),
     ('act_embed', None),
     ('embed', 'fsdp'),
     ('heads', 'tensor'),
+    ('kv_heads', 'tensor'),
+    ('head_dim', 'fsdp'),
     ('mlp', 'tensor'),
     ('vocab', 'tensor'),
+    ('position', None),
     ('experts', None),
 )
-
-_KERNEL_AXES = {  # module name -> logical axes of its [in, out] kernel
-    'query': ('embed', 'heads'), 'key': ('embed', 'heads'), 'value': ('embed', 'heads'),
-    'out': ('heads', 'embed'), 'fc_in': ('embed', 'mlp'), 'fc_out': ('mlp', 'embed'),
-    'gate': ('embed', 'mlp'), 'up': ('embed', 'mlp'), 'down': ('mlp', 'embed'),
-    'head': ('embed', 'vocab'),
-}
 
 
 def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
@@ -51,28 +54,24 @@ def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.array(devices).reshape(sizes), MESH_AXES)
 
 
+def param_axes(model, *init_args) -> dict:
+  """The logical axes of every parameter of `model`, as a tree of PartitionSpecs of logical names
+  in the structure of `variables['params']`, from the annotations the modules create them with.
+
+  `init_args` are what `model.init` takes after the rng (e.g. a token batch); nothing is
+  computed (`jax.eval_shape`). A parameter created without an annotation gets P() (replicated).
+  """
+  boxed = jax.eval_shape(lambda: model.init_with_output(jax.random.key(0), *init_args)[1])
+  return nn.get_partition_spec(boxed)['params']
+
+
 def _names(path) -> tuple[str, ...]:
   return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
 
-def param_logical_axes(path, shape) -> tuple:
-  """Logical axis names of one parameter (or optimizer-state leaf) from its tree path."""
-  names = _names(path)
-  if len(shape) == 0 or len(names) < 2:
-    return (None,) * len(shape)
-  module, leaf = names[-2], names[-1]
-  if leaf == 'embedding':
-    return ('vocab', 'embed')
-  axes = _KERNEL_AXES.get(module)
-  if axes is None:
-    return (None,) * len(shape)
-  if leaf == 'kernel' and len(shape) >= 2:
-    return (None,) * (len(shape) - 2) + axes  # leading axes (experts) stay replicated
-  if leaf == 'weight' and len(shape) == 2:  # layers.Linear: [out, in]
-    return axes[::-1]
-  if leaf == 'bias' and len(shape) >= 1:
-    return (None,) * (len(shape) - 1) + (axes[-1],)
-  return (None,) * len(shape)
+def _by_path(axes) -> dict:
+  leaves = jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, P))
+  return {_names(path): tuple(spec) for path, spec in leaves}
 
 
 def _mesh_spec(logical, shape, mesh, rules) -> P:
@@ -90,11 +89,26 @@ def _mesh_spec(logical, shape, mesh, rules) -> P:
   return P(*spec)
 
 
-def tree_shardings(tree, mesh, rules=DEFAULT_RULES):
-  """NamedShardings for every leaf of a (possibly abstract) params/state tree."""
+def tree_shardings(tree, mesh, rules, axes):
+  """NamedShardings for every leaf of a (possibly abstract) train-state tree.
+
+  `axes` is `param_axes(model, ...)`. A leaf whose tree path ends with a parameter's path and
+  has its rank (the parameter itself under state['params'], AdamW's mu and nu of it in the
+  optimizer state) is sharded by that parameter's logical axes; every other leaf (step counters,
+  scalars) is replicated.
+  """
+  by_path = _by_path(axes)
+
   def one(path, leaf):
     shape = getattr(leaf, 'shape', ())
-    return NamedSharding(mesh, _mesh_spec(param_logical_axes(path, shape), shape, mesh, rules))
+    names = _names(path)
+    logical = (None,) * len(shape)
+    for start in range(len(names)):  # the longest matching suffix
+      found = by_path.get(names[start:])
+      if found is not None and len(found) == len(shape):
+        logical = found
+        break
+    return NamedSharding(mesh, _mesh_spec(logical, shape, mesh, rules))
   return jax.tree_util.tree_map_with_path(one, tree)
 
 

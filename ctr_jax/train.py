@@ -48,7 +48,7 @@ def prepare_workdir(config, workdir: str) -> str:
   meta = checkpointing.read_meta(workdir)
   if meta is not None:
     # A field the saved config lacks was added later; the checkpoint has its old default.
-    defaults = json.loads(json.dumps(models.SPEC_DEFAULTS))  # as JSON stores them
+    defaults = json.loads(json.dumps(models.LEGACY_DEFAULTS))  # as JSON stores them
     saved, moved = split_moved_fields(meta.get('config', {}).get('model', {}))
     saved = {**defaults, **saved}
     _note_recipe_change(workdir, moved, json.loads(config.train.to_json()))
@@ -111,7 +111,8 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params)}
 
   abstract_state = jax.eval_shape(init_state, jax.random.key(config.seed))
-  state_shardings = sharding.tree_shardings(abstract_state, mesh, rules)
+  state_shardings = sharding.tree_shardings(abstract_state, mesh, rules,
+                                           sharding.param_axes(model, dummy))
   repl = sharding.replicated(mesh)
 
   # ----------------------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def _convert_from(config, state, state_shardings, mesh, rules):
   source_meta = checkpointing.read_meta(config.init_from)
   if source_meta is None:
     raise UserError(f'config.init_from={config.init_from!r} holds no checkpoint')
-  source_cfg = models.model_config(**split_moved_fields(source_meta['config']['model'])[0])
+  source_cfg = models.saved_model_config(split_moved_fields(source_meta['config']['model'])[0])
   if source_cfg.kind != 'transformer':
     raise UserError('config.init_from must point at a transformer run')
   source_model = models.build(source_cfg)
@@ -303,7 +304,8 @@ def _convert_from(config, state, state_shardings, mesh, rules):
     return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': source_tx.init(params)}
 
   abstract = jax.eval_shape(init_source, jax.random.key(0))
-  shardings = sharding.tree_shardings(abstract, mesh, rules)
+  shardings = sharding.tree_shardings(abstract, mesh, rules,
+                                     sharding.param_axes(source_model, dummy))
   source_mngr = checkpointing.manager(config.init_from)
   source_state, _, _ = checkpointing.restore(
       source_mngr, source_mngr.latest_step(),

@@ -208,7 +208,8 @@ def test_vanilla_block_formula_of_the_predecessor_paper():
     w, b = rng.normal(size=(6, 9)), rng.normal(size=9)
     w2 = rng.normal(size=(9, 6))
     a_x, a_cx = rng.normal(size=(1, 6)), rng.normal(size=(1, 6))  # A(x), A(C, x)
-    mlp = lambda a, delta: jnp.tanh(patches.linear(a[:, None], w, b, delta, dtype=jnp.float64)
+    layer = {'kernel': w, 'bias': b}  # an [in, out] dense layer
+    mlp = lambda a, delta: jnp.tanh(patches.linear(a[:, None], layer, delta, dtype=jnp.float64)
                                     [:, 0]) @ w2
     delta = patches.input_patch(jnp.asarray(a_x), jnp.asarray(a_cx), w)
     assert max_err(mlp(a_x, delta), mlp(a_cx, None)) <= 1e-12

@@ -100,22 +100,6 @@ def test_weight_layouts_are_the_same_model(kind, block, dtype):
   assert max_abs_diff(y_oi, y_io) <= tol
 
 
-def test_both_weight_layouts_shard_by_the_same_logical_axes():
-  from ctr_jax import sharding
-  for layout in models.KERNEL_LAYOUTS:
-    cfg = models.model_config(kind='transformer', vocab_size=40, width=16, depth=1,
-                              num_heads=2, max_len=8, kernel_layout=layout)
-    params = jax.eval_shape(models.build(cfg).init, jax.random.key(0),
-                            jnp.zeros((1, 4), jnp.int32))['params']
-    names = {p[-2].key: sharding.param_logical_axes(p, x.shape)
-             for p, x in jax.tree_util.tree_leaves_with_path(params)
-             if p[-1].key in ('weight', 'kernel')}
-    out_in = layout == 'out_in'
-    assert names['fc_in'] == (('mlp', 'embed') if out_in else ('embed', 'mlp'))
-    assert names['head'] == (('vocab', 'embed') if out_in else ('embed', 'vocab'))
-    assert names['query'] == (('heads', 'embed') if out_in else ('embed', 'heads'))
-
-
 def test_unknown_size_name_is_a_clear_error():
   with pytest.raises(ValueError, match='model.name'):
     models.model_config(name='huge')

@@ -26,10 +26,11 @@ LOOPS = ('closed', 'open')
 
 
 def in_out(model, variables):
-  """The same model with [in, out] dense kernels ('kernel'), the layout the patch code reads.
+  """The same model with [in, out] dense kernels ('kernel'): a whole-tree conversion.
 
-  Every function below expects it; `ctr_jax.implicit`'s entry points convert on the way in (and
-  patches back to the caller's layout on the way out).
+  The functions here read dense layers in either layout (`ctr_jax.models.layers`) and need no
+  conversion; this is kept only for `ctr_jax.implicit.generation`, which still calls it once per
+  greedy history (harmless, and removable there).
   """
   if model.spec.kernel_layout == 'in_out':
     return model, variables
@@ -37,25 +38,26 @@ def in_out(model, variables):
   return model, {**variables, 'params': layers.to_kernel_layout(variables['params'], 'in_out')}
 
 
-def _call(model, variables, fn, *args):
-  return model.apply(variables, *args, method=fn)
-
+# The model's stages (ctr_jax/models/lm.py), each one `model.apply` on the variables.
 
 def _attend(model, variables, i, x, positions, cache=None, cache_index=None):
-  fn = lambda m, *a: m.blocks.layers[i].attend(*a)
-  return _call(model, variables, fn, x, positions, cache, cache_index)[0]
+  return model.apply(variables, i, x, positions, cache, cache_index, method='layer_attend')[0]
 
 
 def _mlp_input(model, variables, i, x, v):
-  return _call(model, variables, lambda m, *a: m.blocks.layers[i].mlp_input(*a), x, v)
+  return model.apply(variables, i, x, v, method='layer_mlp_input')
 
 
 def embed(model, variables, tokens, positions):
-  return _call(model, variables, lambda m, t, p: m.embed_tokens(t, True, p), tokens, positions)
+  return model.apply(variables, tokens, True, positions, method='embed_tokens')
 
 
 def logits(model, variables, z):
-  return _call(model, variables, lambda m, z: m.logits(z), z)
+  return model.apply(variables, z, method='logits')
+
+
+def _correction_input(model, variables, feedback, e):
+  return model.apply(variables, feedback, e, method='correction_input')
 
 
 def _block_params(variables, i):
@@ -139,10 +141,6 @@ def reduced(model, variables, x, positions, *, records=None, patch=None, method=
 # ------------------------------------------------------------------------------------------------
 # The context-ready model: its correction FFN is input-controllable too.
 # ------------------------------------------------------------------------------------------------
-
-
-def _correction_input(model, variables, feedback, e):
-  return _call(model, variables, lambda m, f, e: m.correction.ffn_input(f, e), feedback, e)
 
 
 def crt_record(model, variables, context, query):

@@ -69,9 +69,19 @@ class _Ctx:
       node = node[key]
     return node
 
+  def matrix(self, *module_path):
+    """(patch path, [in, out] view) of the dense layer at `module_path` in these params; the
+    path ends with the matrix's own name ('weight' or 'kernel'), as the parameter tree does."""
+    node = self.p
+    for key in module_path:
+      node = node[key]
+    return module_path + (layers.matrix_name(node),), layers.dense_matrix(node)
+
   def put(self, value, *path):
     """Records a computed patch leaf, switched off for layers below first_layer."""
     if isinstance(value, patches.RankOne):
+      # The RankOne of an [out, in] 'weight' densifies in the weight's layout.
+      value = patches.RankOne(value.left, value.right, transposed=path[-1] == 'weight')
       value = value.scale(jnp.asarray(self.active, value.right.dtype))
     else:
       value = value * jnp.asarray(self.active, value.dtype)
@@ -85,8 +95,7 @@ class _Ctx:
     return self.new if self.target is not None else self.given
 
   def linear(self, x, layer, delta=None, delta_bias=None):
-    return patches.linear(x, layer['kernel'], layer.get('bias'), delta, delta_bias,
-                          dtype=self.dtype, mode=self.mode)
+    return patches.linear(x, layer, delta, delta_bias, dtype=self.dtype, mode=self.mode)
 
   def residual_gap(self, v):
     """v_C − v at the last position, in the accumulation dtype."""
@@ -94,7 +103,8 @@ class _Ctx:
 
 
 def _input_side(ctx, z, *path_and_kernels):
-  """ΔW = W δz z^T/‖z‖² for every matrix reading z; returns the deltas (given or computed)."""
+  """ΔW = W δz z^T/‖z‖² for every matrix reading z ((patch path, [in, out] matrix) pairs);
+  returns the deltas (given or computed)."""
   deltas = []
   for path, kernel in path_and_kernels:
     if ctx.target is not None:
@@ -105,8 +115,7 @@ def _input_side(ctx, z, *path_and_kernels):
 
 
 def _gated_hidden(ctx, z, mlp):
-  gate_d, up_d = _input_side(ctx, z, (('mlp', 'gate', 'kernel'), mlp['gate']['kernel']),
-                             (('mlp', 'up', 'kernel'), mlp['up']['kernel']))
+  gate_d, up_d = _input_side(ctx, z, ctx.matrix('mlp', 'gate'), ctx.matrix('mlp', 'up'))
   return ctx.act(ctx.linear(z, mlp['gate'], gate_d)) * ctx.linear(z, mlp['up'], up_d)
 
 
@@ -116,7 +125,8 @@ def _gemma(ctx, v, z):
   a = _gated_hidden(ctx, z, mlp)
   record = {'a': _last(a)}
   m = 1 + w.astype(acc)
-  down_d = ctx.take('mlp', 'down', 'kernel')
+  down_path, _ = ctx.matrix('mlp', 'down')
+  down_d = ctx.take(*down_path)
   if ctx.target is not None and ctx.method == 'stable':
     h0 = ctx.linear(a, mlp['down'])
     g = ctx.target['out'].astype(acc) - _last(v).astype(acc)
@@ -124,7 +134,7 @@ def _gemma(ctx, v, z):
     h_c = ctx.target['h'].astype(acc)
     h_target = jnp.sqrt(jnp.mean(h_c * h_c, axis=-1, keepdims=True)) * y
     down_d = ctx.put(patches.output_patch(_last(a), h_target - _last(h0).astype(acc)),
-                     'mlp', 'down', 'kernel')
+                     *down_path)
     record.update(constraint=constraint, hard_case=hard)
   h = ctx.linear(a, mlp['down'], down_d)
   f = layers.rms_normalize(h, s.layer_norm_eps)
@@ -152,18 +162,19 @@ def _gemma(ctx, v, z):
 def _llama(ctx, v, z):
   mlp = ctx.p['mlp']
   a = _gated_hidden(ctx, z, mlp)
-  down_d = ctx.take('mlp', 'down', 'kernel')
+  down_path, _ = ctx.matrix('mlp', 'down')
+  down_d = ctx.take(*down_path)
   if ctx.target is not None:
-    down_d = ctx.put(patches.output_patch(_last(a), ctx.residual_gap(v)), 'mlp', 'down', 'kernel')
+    down_d = ctx.put(patches.output_patch(_last(a), ctx.residual_gap(v)), *down_path)
   out = v + ctx.linear(a, mlp['down'], down_d)
   return out, ctx.patch_or_none(), {'a': _last(a)}
 
 
 def _moe(ctx, v, z):
   s, mlp, acc = ctx.spec, ctx.p['mlp'], ctx.acc
-  router_d, gate_d, up_d = _input_side(
-      ctx, z, (('mlp', 'router', 'kernel'), mlp['router']['kernel']),
-      (('mlp', 'gate'), mlp['gate']), (('mlp', 'up'), mlp['up']))
+  router_d, gate_d, up_d = _input_side(  # the stacked experts have one layout: [E, in, out]
+      ctx, z, ctx.matrix('mlp', 'router'), (('mlp', 'gate'), mlp['gate']),
+      (('mlp', 'up'), mlp['up']))
   gates = layers.moe_gates(ctx.linear(z, mlp['router'], router_d), s.experts_per_token)
   lin = lambda inputs, kernel, delta: patches.expert_linear(inputs, kernel, delta,
                                                             dtype=ctx.dtype, mode=ctx.mode)
@@ -184,20 +195,21 @@ def _moe(ctx, v, z):
 def _falcon(ctx, v, z):
   mlp = ctx.p['mlp']
   a = ctx.act(ctx.linear(z, mlp['fc_in']))
-  out_d = ctx.take('mlp', 'fc_out', 'kernel')
+  out_path, _ = ctx.matrix('mlp', 'fc_out')
+  out_d = ctx.take(*out_path)
   if ctx.target is not None:
     # The MLP input never sees the context, so the whole difference goes through W_out; taking
     # it from the actual output also absorbs whatever earlier layers left over.
     unpatched = _last(v).astype(ctx.acc) + _last(ctx.linear(a, mlp['fc_out'])).astype(ctx.acc)
     delta_y = ctx.target['out'].astype(ctx.acc) - unpatched
-    out_d = ctx.put(patches.output_patch(_last(a), delta_y), 'mlp', 'fc_out', 'kernel')
+    out_d = ctx.put(patches.output_patch(_last(a), delta_y), *out_path)
   out = v + ctx.linear(a, mlp['fc_out'], out_d)
   return out, ctx.patch_or_none(), {'a': _last(a)}
 
 
 def _gpt(ctx, v, z):
   mlp = ctx.p['mlp']
-  (in_d,) = _input_side(ctx, z, (('mlp', 'fc_in', 'kernel'), mlp['fc_in']['kernel']))
+  (in_d,) = _input_side(ctx, z, ctx.matrix('mlp', 'fc_in'))
   a = ctx.act(ctx.linear(z, mlp['fc_in'], in_d))
   db = ctx.take('mlp', 'fc_out', 'bias')
   if ctx.target is not None:
@@ -218,6 +230,6 @@ def correction_ffn(spec, params, z, *, mode, patch=None, target_z=None):
   ctx = _Ctx(spec, params, mode, patch, {'z': target_z} if target_z is not None else None,
              'direct', 1.0)
   ffn = params['ffn']
-  (in_d,) = _input_side(ctx, z, (('ffn', 'fc_in', 'kernel'), ffn['fc_in']['kernel']))
+  (in_d,) = _input_side(ctx, z, ctx.matrix('ffn', 'fc_in'))
   a = jax.nn.gelu(ctx.linear(z, ffn['fc_in'], in_d), approximate=False)
   return ctx.linear(a, ffn['fc_out']), ctx.patch_or_none()

@@ -1,9 +1,10 @@
 """Patch pytrees, rank-1 factors, and dense layers that apply a per-example patch.
 
-A patch mirrors `variables['params']`: only patched leaves are present. A kernel's leaf is a
-`RankOne` (ΔW = left ⊗ right for each example, in the kernel's own [in, out] layout; a [out, in]
-'weight' gets the transposed RankOne); a vector's leaf (a bias or a norm scale) is its additive
-delta with a leading batch axis. The patch code itself works on [in, out] kernels.
+A patch mirrors `variables['params']`: only patched leaves are present. A dense layer's matrix
+leaf is a `RankOne` (ΔW = left ⊗ right for each example, in the [in, out] view of the matrix; the
+RankOne of an [out, in] 'weight' is marked `transposed`, so its dense form has the weight's own
+layout); a vector's leaf (a bias or a norm scale) is its additive delta with a leading batch
+axis. The patch code reads dense layers in either layout through `ctr_jax.models.layers`.
 
 Two ways to apply a patch, as the paper's bf16 discussion needs both:
   'action'      W z + (z · left) right, the rank-1 term in float32 (float64 for float64 models);
@@ -33,22 +34,17 @@ class RankOne:
   transposed: bool = flax.struct.field(pytree_node=False, default=False)
 
   def dense(self) -> jax.Array:
+    """ΔW in the layout of the parameter it patches."""
     if self.transposed:
       return self.right[..., :, None] * self.left[..., None, :]
+    return self.outer()
+
+  def outer(self) -> jax.Array:
+    """ΔW as [.., in, out], whatever the parameter's layout."""
     return self.left[..., :, None] * self.right[..., None, :]
 
   def scale(self, factor) -> 'RankOne':
     return RankOne(self.left, self.right * factor, self.transposed)
-
-
-def to_kernel_layout(patch, layout: str):
-  """A patch for parameters in `layout` (see `layers.to_kernel_layout`): the rank-1 patch of a
-  dense layer sits under 'weight' and is transposed for 'out_in', under 'kernel' for 'in_out'."""
-  def convert(delta):
-    if isinstance(delta, RankOne) and delta.left.ndim == 2:
-      return RankOne(delta.left, delta.right, transposed=layout == 'out_in')
-    return None
-  return layers.rename_dense_leaves(patch, layout, convert)
 
 
 def is_leaf(x) -> bool:
@@ -61,7 +57,8 @@ def safe_divisor(x: jax.Array) -> jax.Array:
 
 
 def input_patch(z: jax.Array, z_target: jax.Array, kernel: jax.Array) -> RankOne:
-  """ΔW with (W + ΔW) z = W z_target for a [.., in, out] kernel: W δz z^T / ‖z‖² (rank 1).
+  """ΔW with (W + ΔW) z = W z_target for a [.., in, out] matrix (`layers.dense_matrix`, or
+  stacked expert kernels): W δz z^T / ‖z‖² (rank 1).
 
   z, z_target [B, in]; a stacked kernel [E, in, out] gets one factor pair per expert.
   """
@@ -81,16 +78,20 @@ def output_patch(u: jax.Array, delta_y: jax.Array) -> RankOne:
   return RankOne(u / safe_divisor(jnp.sum(u * u, axis=-1, keepdims=True)), delta_y.astype(acc))
 
 
-def linear(x, kernel, bias=None, delta: RankOne | None = None, delta_bias=None, *,
-           dtype, mode: str = 'action'):
-  """x [B, T, in] -> [B, T, out] with flax.linen.Dense numerics plus a per-example patch."""
+def linear(x, node, delta: RankOne | None = None, delta_bias=None, *, dtype,
+           mode: str = 'action'):
+  """x [B, T, in] -> [B, T, out] for a dense layer's parameter node ({'weight' | 'kernel',
+  'bias'?}, either layout) with `layers.Linear` numerics plus a per-example patch."""
   acc = layers.accumulation_dtype(dtype)
   x = x.astype(dtype)
+  bias = node.get('bias')
   if delta is not None and mode == 'materialise':
-    patched = (kernel.astype(acc) + delta.dense()).astype(kernel.dtype)
+    kernel = layers.dense_matrix(node)
+    patched = (kernel.astype(acc) + delta.outer()).astype(kernel.dtype)
     y = jnp.einsum('bti,bio->bto', x, patched.astype(dtype))
   else:
-    y = x @ kernel.astype(dtype)
+    name = layers.matrix_name(node)
+    y = layers.linear(x, {name: node[name]}, dtype)
     if delta is not None:
       coeff = jnp.einsum('bti,bi->bt', x.astype(acc), delta.left)
       y = (y.astype(acc) + coeff[..., None] * delta.right[:, None]).astype(dtype)
@@ -110,7 +111,7 @@ def expert_linear(x, kernel, delta: RankOne | None = None, *, dtype, mode: str =
   x = x.astype(dtype)
   shared = x.ndim == 3  # every expert reads the same input
   if delta is not None and mode == 'materialise':
-    patched = (kernel.astype(acc) + delta.dense()).astype(kernel.dtype).astype(dtype)
+    patched = (kernel.astype(acc) + delta.outer()).astype(kernel.dtype).astype(dtype)
     return jnp.einsum('bti,beio->bteo' if shared else 'btei,beio->bteo', x, patched)
   y = jnp.einsum('bti,eio->bteo' if shared else 'btei,eio->bteo', x, kernel.astype(dtype))
   if delta is not None:

@@ -12,19 +12,21 @@ import math
 import jax
 
 from ctr_jax.models.blocks import BLOCK_FAMILIES
-from ctr_jax.models.config import (CORRECTIONS, KERNEL_LAYOUTS, KINDS, MOVED_TO_TRAIN, SIZES,
-                                   SPEC_DEFAULTS, ModelSpec, decode_size, default_model_config,
-                                   model_config, validate, validate_not_moved)
+from ctr_jax.models.config import (CORRECTIONS, KERNEL_LAYOUTS, KINDS, LEGACY_DEFAULTS,
+                                   MOVED_TO_TRAIN, SIZES, ModelSpec, decode_size,
+                                   default_model_config, model_config, saved_model_config,
+                                   validate, validate_not_moved)
 from ctr_jax.models.lm import ContextReadyLM, TransformerLM
 from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_right
 
 BLOCKS = tuple(BLOCK_FAMILIES)  # the allowed model.block values
 
 __all__ = [
-    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'MOVED_TO_TRAIN', 'SIZES', 'SPEC_DEFAULTS',
-    'ModelSpec', 'decode_size', 'default_model_config', 'model_config', 'validate',
-    'validate_not_moved', 'ContextReadyLM', 'TransformerLM', 'DecodeState', 'fixed_point_unroll',
-    'shift_right', 'build', 'spec_of', 'count_params', 'flops_per_token',
+    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'LEGACY_DEFAULTS', 'MOVED_TO_TRAIN',
+    'SIZES', 'ModelSpec', 'decode_size', 'default_model_config', 'model_config',
+    'saved_model_config', 'validate', 'validate_not_moved', 'ContextReadyLM', 'TransformerLM',
+    'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of', 'count_params',
+    'flops_per_token',
 ]
 
 

@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ctr_jax.models.config import ModelSpec
-from ctr_jax.models.layers import RMSNorm, accumulation_dtype, compute_dtype, dense, linear
+from ctr_jax.models import layers
+from ctr_jax.models.layers import RMSNorm, accumulation_dtype, compute_dtype, dense
 
 # Laid out as the two attention products read them (scores q [Dh] x k [Dh, S], output
-# p [S] x v [S, Dh]), with batch and key/value heads merged into one axis N = B*G. A
-# position-major cache was transposed, i.e. copied whole, by every layer at every step; a
-# separate batch axis of size 1 made XLA copy every cache at every step as well (the in-place
-# write and the attention read a reshaped view of it). See docs/benchmarks.md.
+# p [S] x v [S, Dh]), with batch and key/value heads merged into one axis N = B*G: a
+# position-major cache would be transposed (copied whole) by every layer at every step, and a
+# separate batch axis of size 1 makes XLA copy every cache per step too (docs/benchmarks.md).
 Cache = dict[str, jax.Array]  # {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]}
 
 
@@ -75,9 +75,8 @@ def dot_product_attention(q, k, v, mask, scale: float) -> jax.Array:
   Heads are moved in front of the positions once, so the four batched matmuls of the forward
   and backward pass run on contiguous [T, Dh] tiles; the hand-written backward pass reuses the
   saved probabilities and takes the softmax correction from rowsum(dO * O) (a [T] vector per
-  head) instead of a pass over the [Tq, Tk] scores. Both were measured faster than autodiff of
-  the plain formula on CPU (docs/benchmarks.md). Scores and softmax are float32 for low-precision
-  inputs.
+  head) instead of a pass over the [Tq, Tk] scores; both beat autodiff of the plain formula on
+  CPU (docs/benchmarks.md). Scores and softmax are float32 for low-precision inputs.
   """
   b, tq, h, dh = q.shape
   g = k.shape[2]
@@ -168,16 +167,20 @@ class Attention(nn.Module):
     if self.has_variable(FUSED, 'qkv'):
       q, k, v = self.fused_projections(x, self.get_variable(FUSED, 'qkv'))
     else:
-      q = dense(s, s.num_heads * s.head_dim, use_bias=self.use_bias, name='query', fan_in=c)(x)
-      k = dense(s, s.num_kv_heads * s.head_dim, use_bias=self.use_bias, name='key', fan_in=c)(x)
-      v = dense(s, s.num_kv_heads * s.head_dim, use_bias=self.use_bias, name='value', fan_in=c)(x)
+      q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+      q = dense(s, q_size, ('embed', 'heads'), use_bias=self.use_bias, name='query',
+                fan_in=c)(x)
+      k = dense(s, kv_size, ('embed', 'kv_heads'), use_bias=self.use_bias, name='key',
+                fan_in=c)(x)
+      v = dense(s, kv_size, ('embed', 'kv_heads'), use_bias=self.use_bias, name='value',
+                fan_in=c)(x)
     q = q.reshape(b, t, s.num_heads, s.head_dim)
     k = k.reshape(b, t, s.num_kv_heads, s.head_dim)
     v = v.reshape(b, t, s.num_kv_heads, s.head_dim)
     if self.qk_norm:
       gemma_style = self.qk_norm == 'gemma'
-      q = RMSNorm(s, offset=gemma_style, name='q_norm')(q)
-      k = RMSNorm(s, offset=gemma_style, name='k_norm')(k)
+      q = RMSNorm(s, offset=gemma_style, axis='head_dim', name='q_norm')(q)
+      k = RMSNorm(s, offset=gemma_style, axis='head_dim', name='k_norm')(k)
     if s.positions != 'learned':
       base, integer = self.rope_base or s.rope_base, s.positions == 'rope_integer'
       q = rope(q, positions, base, self.rope_factor, integer)
@@ -202,17 +205,15 @@ class Attention(nn.Module):
       mask = attention_mask(query_pos, key_pos[None], self.window)
       out = cached_attention(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask, scale)
     out = out.reshape(b, t, s.num_heads * s.head_dim)
-    out = dense(s, c, use_bias=self.use_bias, name='out', fan_in=s.num_heads * s.head_dim)(out)
+    out = dense(s, c, ('heads', 'embed'), use_bias=self.use_bias, name='out',
+                fan_in=s.num_heads * s.head_dim)(out)
     return out, new_cache
 
   def fused_projections(self, x, fused):
-    """q, k, v from the one concatenated matrix `fuse_qkv` made; the same arithmetic per output
-    as the three dense layers (their dtype promotion, their weight layout)."""
+    """q, k, v from the one concatenated dense layer `fuse_qkv` made; the same arithmetic per
+    output as the three dense layers (their dtype promotion, their weight layout)."""
     s = self.spec
-    if 'weight' in fused:  # [3 out, in]
-      y = linear(x, fused['weight'], fused.get('bias'), compute_dtype(s))
-    else:  # [in, 3 out]
-      y = linear(x, fused['kernel'], fused.get('bias'), compute_dtype(s), weight_axis=0)
+    y = layers.linear(x, fused, compute_dtype(s))
     q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     return y[..., :q_size], y[..., q_size:q_size + kv_size], y[..., q_size + kv_size:]
 
@@ -230,12 +231,11 @@ def fuse_qkv(variables: Mapping) -> dict:
   value weights (and biases) concatenated along the output axis; `Attention` then runs one
   projection instead of three.
 
-  A batch-1 decode step is a chain of matrix-vector products. XLA:CPU streams a 1 MB [512, 512]
-  one on a single core but splits a 3 MB one across cores, so at C = 512 the fused product takes
-  ~30% less time than the three (docs/benchmarks.md). The parameters keep their separate layers,
-  the tree the HF loader, the sharding rules, checkpoints and the implicit-update code read; the
-  decode entry points call this once per call, outside their loop over positions (concatenating
-  inside the loop would copy the weights at every step). Variables that already hold the
+  A batch-1 decode step is a chain of matrix-vector products, and XLA:CPU runs one large product
+  on more cores than three small ones (docs/benchmarks.md). The parameters keep their separate
+  layers, the tree the HF loader, checkpoints and the implicit-update code read; the decode entry
+  points call this once per call, outside their loop over positions (concatenating inside the
+  loop would copy the weights at every step). Variables that already hold the
   collection pass through unchanged, so a caller decoding one token per call can fuse once.
   """
   if FUSED in variables:
@@ -250,10 +250,6 @@ def fuse_qkv(variables: Mapping) -> dict:
         out[name] = fused
     parts = [node.get(name) for name in _QKV]
     if all(isinstance(p, Mapping) for p in parts):
-      leaf = 'weight' if 'weight' in parts[0] else 'kernel'
-      out['qkv'] = {leaf: jnp.concatenate([p[leaf] for p in parts],
-                                          axis=-2 if leaf == 'weight' else -1)}
-      if all('bias' in p for p in parts):
-        out['qkv']['bias'] = jnp.concatenate([p['bias'] for p in parts], axis=-1)
+      out['qkv'] = layers.concat_outputs(parts)
     return out
   return {**variables, FUSED: walk(variables['params']) or {}}

@@ -254,8 +254,7 @@ class ModelSpec:
   embed_scale: float = 0.0
   use_bias: bool = False
   parallel_norms: int = 1
-  # A config saved before kernel_layout existed describes an 'in_out' checkpoint.
-  kernel_layout: str = 'in_out'
+  kernel_layout: str = 'out_in'  # the config's default; saved configs: see LEGACY_DEFAULTS
 
   @classmethod
   def from_config(cls, cfg) -> 'ModelSpec':
@@ -274,6 +273,14 @@ class ModelSpec:
     return self.kind == 'context_ready'
 
 
-# The defaults of the fields added after the first release (a saved config may lack them).
-SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelSpec)
-                 if f.default is not dataclasses.MISSING}
+# What a saved model config (a checkpoint's metadata) means by a field it lacks: the fields
+# added after the first release, with the value the model had before each existed. That is the
+# field's default except for kernel_layout: checkpoints from before it hold [in, out] 'kernel's.
+LEGACY_DEFAULTS = {**{f.name: f.default for f in dataclasses.fields(ModelSpec)
+                      if f.default is not dataclasses.MISSING},
+                   'kernel_layout': 'in_out'}
+
+
+def saved_model_config(saved) -> ml_collections.ConfigDict:
+  """The model config of a saved config dict, reading a missing field as `LEGACY_DEFAULTS`."""
+  return model_config(**{**LEGACY_DEFAULTS, **dict(saved)})

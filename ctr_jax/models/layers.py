@@ -1,12 +1,18 @@
 """Building blocks shared by every model (notation: ctr_jax/notation.py): dense layers and their
 weight layouts, initialisers, norms, activations and the feed-forward networks.
 
+Every parameter is created with its logical axis names (`nn.with_logical_partitioning`):
+'embed' (C), 'mlp' (F), 'heads' / 'kv_heads' (H*Dh / G*Dh), 'head_dim' (Dh), 'vocab' (V),
+'position' (the learned position table's rows), 'experts' (E). `ctr_jax.sharding` maps them to
+the mesh with the config's rules.
+
 Attention and RoPE live in `ctr_jax.models.attention`, the block families built from both in
 `ctr_jax.models.blocks`.
 """
 
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -38,9 +44,13 @@ def _torch_uniform(fan_in_axis: int = 0):
   return init
 
 
-def dense(spec: ModelSpec, features: int, *, use_bias: bool = True, name: str | None = None,
-          fan_in: int | None = None) -> nn.Module:
-  """A dense layer with the spec's dtypes, initialiser and weight layout (`Linear`/`nn.Dense`)."""
+def dense(spec: ModelSpec, features: int, axes: tuple, *, use_bias: bool = True,
+          name: str | None = None, fan_in: int | None = None) -> nn.Module:
+  """A dense layer with the spec's dtypes, initialiser and weight layout (`Linear`).
+
+  `axes` are the logical axis names of its [in, out] matrix (e.g. ('embed', 'mlp')); the layer
+  annotates its parameters with them where it creates them (see `ctr_jax.sharding`).
+  """
   if spec.init == 'torch':
     kernel_init = _torch_uniform(0)
     # PyTorch draws the bias from the same U(±1/sqrt(fan_in)); fan_in is known only at call time,
@@ -51,23 +61,34 @@ def dense(spec: ModelSpec, features: int, *, use_bias: bool = True, name: str | 
   else:
     kernel_init = nn.initializers.normal(0.02)
     bias_init = nn.initializers.zeros
-  cls = Linear if spec.kernel_layout == 'out_in' else nn.Dense
-  return cls(features, use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
-             dtype=compute_dtype(spec), param_dtype=param_dtype(spec), name=name)
+  return Linear(features, use_bias=use_bias, layout=spec.kernel_layout, axes=tuple(axes),
+                kernel_init=kernel_init, bias_init=bias_init, dtype=compute_dtype(spec),
+                param_dtype=param_dtype(spec), name=name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Dense layers and their two weight layouts. Everything that knows the layout lives here: a dense
+# layer's parameters are a node {'weight': [out, in]} ('out_in', PyTorch's layout, faster on
+# XLA:CPU, see docs/benchmarks.md) or {'kernel': [in, out]} ('in_out', Flax's `nn.Dense`), plus
+# an optional 'bias' [out]. Code that holds the arrays (fused decode projections, the implicit
+# patches) reads them through `linear` and `dense_matrix` instead of branching on the name.
+# ------------------------------------------------------------------------------------------------
+
+MATRIX_NAMES = {'out_in': 'weight', 'in_out': 'kernel'}
 
 
 class Linear(nn.Module):
-  """`nn.Dense` with its weight stored [out, in] under the name 'weight' (PyTorch's layout).
+  """A dense layer y = x W^T + b with W [out, in] under 'weight' (layout 'out_in'), or
+  `nn.Dense`'s y = x K + b with K [in, out] under 'kernel' ('in_out'); Flax's dtype promotion.
 
-  XLA:CPU runs y = x W^T with W [out, in] markedly faster than x K with K [in, out]: a
-  batch-1 decode step is a chain of matrix-vector products, and reading W row by row (a dot
-  product per output) streams memory faster than the column updates K needs; training steps
-  gain too (docs/benchmarks.md). The weight starts as the transpose of the kernel `nn.Dense`
-  would draw from the same key, so both layouts initialise the same function, and the distinct
-  name keeps a checkpoint of one layout from loading silently into the other.
+  The weight starts as the transpose of the kernel `nn.Dense` would draw from the same key, so
+  both layouts initialise the same function, and the distinct name keeps a checkpoint of one
+  layout from loading silently into the other. `axes` names the [in, out] matrix's logical axes.
   """
   features: int
   use_bias: bool = True
+  layout: str = 'out_in'
+  axes: tuple = (None, None)
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros
   dtype: Any = None
@@ -75,47 +96,67 @@ class Linear(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    def weight_init(key, shape, dtype):
-      return self.kernel_init(key, shape[::-1], dtype).T
-    weight = self.param('weight', weight_init, (self.features, x.shape[-1]), self.param_dtype)
-    bias = self.param('bias', self.bias_init, (self.features,), self.param_dtype) \
-        if self.use_bias else None
-    return linear(x, weight, bias, self.dtype)
+    shape = (x.shape[-1], self.features)  # [in, out]
+    if self.layout == 'out_in':
+      def weight_init(key, shape, dtype):
+        return self.kernel_init(key, shape[::-1], dtype).T
+      node = {'weight': self.param('weight', nn.with_logical_partitioning(
+          weight_init, self.axes[::-1]), shape[::-1], self.param_dtype)}
+    else:
+      node = {'kernel': self.param('kernel', nn.with_logical_partitioning(
+          self.kernel_init, self.axes), shape, self.param_dtype)}
+    if self.use_bias:
+      node['bias'] = self.param('bias', nn.with_logical_partitioning(
+          self.bias_init, self.axes[-1:]), (self.features,), self.param_dtype)
+    return linear(x, node, self.dtype)
 
 
-def linear(x, weight, bias, dtype, weight_axis: int = 1):
-  """x W^T + b (weight [out, in], `weight_axis` 1) or x K + b (kernel [in, out], 0), with Flax's
-  dtype promotion: the arithmetic of `Linear` and `nn.Dense`, for callers holding the arrays."""
-  x, weight, bias = nn.dtypes.promote_dtype(x, weight, bias, dtype=dtype)
-  y = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (weight_axis,)), ((), ())))
+def matrix_name(node: Mapping) -> str:
+  """'weight' or 'kernel': the name of a dense layer's matrix in its parameter node."""
+  return 'weight' if 'weight' in node else 'kernel'
+
+
+def dense_matrix(node: Mapping) -> jax.Array:
+  """The [in, out] view of a dense layer's matrix (a transpose of an [out, in] 'weight')."""
+  return node['weight'].T if 'weight' in node else node['kernel']
+
+
+def linear(x, node: Mapping, dtype):
+  """x W^T + b or x K + b for a dense layer's parameter node (either layout), with Flax's dtype
+  promotion: the arithmetic of `Linear`, for callers holding the arrays."""
+  name = matrix_name(node)
+  x, matrix, bias = nn.dtypes.promote_dtype(x, node[name], node.get('bias'), dtype=dtype)
+  contract = 1 if name == 'weight' else 0
+  y = jax.lax.dot_general(x, matrix, (((x.ndim - 1,), (contract,)), ((), ())))
   return y if bias is None else y + bias
 
 
-def rename_dense_leaves(tree, layout: str, convert):
-  """Walks a params-shaped tree and moves each dense layer's matrix leaf to `layout`'s name
-  ('weight' for 'out_in', 'kernel' for 'in_out') as `convert(leaf)`; a leaf for which `convert`
-  returns None (not a dense layer's matrix) stays where it is."""
-  source, target = ('kernel', 'weight') if layout == 'out_in' else ('weight', 'kernel')
-
-  def walk(node):
-    if not isinstance(node, dict):
-      return node
-    out = {k: walk(v) for k, v in node.items()}
-    if source in out:
-      converted = convert(out[source])
-      if converted is not None:
-        del out[source]
-        out[target] = converted
-    return out
-  return walk(tree)
+def concat_outputs(nodes) -> dict:
+  """One dense layer computing the outputs of all `nodes` (same input, same layout), the matrices
+  (and biases, if every node has one) concatenated along the output axis."""
+  name = matrix_name(nodes[0])
+  out = {name: jnp.concatenate([n[name] for n in nodes], axis=0 if name == 'weight' else -1)}
+  if all('bias' in n for n in nodes):
+    out['bias'] = jnp.concatenate([n['bias'] for n in nodes], axis=-1)
+  return out
 
 
 def to_kernel_layout(params, layout: str):
-  """`params` with every dense layer's weight in `layout` ('out_in': {'weight': [out, in]},
+  """`params` with every dense layer's matrix in `layout` ('out_in': {'weight': [out, in]},
   'in_out': {'kernel': [in, out]}); everything else (embeddings, norms, stacked experts) as is.
+  Numpy or jax arrays, dtype kept.
   """
-  return rename_dense_leaves(  # numpy or jax arrays, dtype kept
-      params, layout, lambda x: x.swapaxes(0, 1) if getattr(x, 'ndim', 0) == 2 else None)
+  target = MATRIX_NAMES[layout]
+  source = MATRIX_NAMES['in_out' if layout == 'out_in' else 'out_in']
+
+  def walk(node):
+    if not isinstance(node, Mapping):
+      return node
+    out = {k: walk(v) for k, v in node.items()}
+    if getattr(out.get(source), 'ndim', 0) == 2:
+      out[target] = out.pop(source).swapaxes(0, 1)
+    return out
+  return walk(params)
 
 
 def embedding_init(spec: ModelSpec):
@@ -123,8 +164,10 @@ def embedding_init(spec: ModelSpec):
 
 
 def layer_norm(spec: ModelSpec, name: str | None = None) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=spec.layer_norm_eps, dtype=compute_dtype(spec),
-                      param_dtype=param_dtype(spec), name=name)
+  return nn.LayerNorm(
+      epsilon=spec.layer_norm_eps, dtype=compute_dtype(spec), param_dtype=param_dtype(spec),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)), name=name)
 
 
 def accumulation_dtype(dtype):
@@ -143,15 +186,18 @@ class RMSNorm(nn.Module):
 
   The two conventions also round differently in low precision, as their reference code does:
   Gemma multiplies N(x) by (1 + w) in float32 and casts the product, Llama casts N(x) to the
-  compute dtype first and multiplies by w there.
+  compute dtype first and multiplies by w there. `axis` is the logical name of the normalised
+  axis: 'embed' (C), or 'head_dim' for the per-head QK-norm.
   """
   spec: ModelSpec
   offset: bool = False
+  axis: str = 'embed'
 
   @nn.compact
   def __call__(self, x):
     init = nn.initializers.zeros if self.offset else nn.initializers.ones
-    scale = self.param('scale', init, (x.shape[-1],), param_dtype(self.spec))
+    scale = self.param('scale', nn.with_logical_partitioning(init, (self.axis,)),
+                       (x.shape[-1],), param_dtype(self.spec))
     dtype = compute_dtype(self.spec)
     normed = rms_normalize(x, self.spec.layer_norm_eps)
     if self.offset:
@@ -207,10 +253,11 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x):
     s = self.spec
-    h = dense(s, s.mlp_dim, use_bias=self.use_bias, name='fc_in', fan_in=x.shape[-1])(x)
+    h = dense(s, s.mlp_dim, ('embed', 'mlp'), use_bias=self.use_bias, name='fc_in',
+              fan_in=x.shape[-1])(x)
     h = ACTIVATIONS[self.activation](h)
-    return dense(s, self.out_features or s.width, use_bias=self.use_bias, name='fc_out',
-                 fan_in=s.mlp_dim)(h)
+    return dense(s, self.out_features or s.width, ('mlp', 'embed'), use_bias=self.use_bias,
+                 name='fc_out', fan_in=s.mlp_dim)(h)
 
 
 class GatedMlp(nn.Module):
@@ -220,10 +267,10 @@ class GatedMlp(nn.Module):
   @nn.compact
   def __call__(self, z):
     s = self.spec
-    gate = dense(s, s.mlp_dim, use_bias=False, name='gate')(z)
-    up = dense(s, s.mlp_dim, use_bias=False, name='up')(z)
+    gate = dense(s, s.mlp_dim, ('embed', 'mlp'), use_bias=False, name='gate')(z)
+    up = dense(s, s.mlp_dim, ('embed', 'mlp'), use_bias=False, name='up')(z)
     a = ACTIVATIONS[activation_name(s)](gate) * up
-    return dense(s, s.width, use_bias=False, name='down')(a)
+    return dense(s, s.width, ('mlp', 'embed'), use_bias=False, name='down')(a)
 
 
 def moe_gates(router_logits: jax.Array, k: int) -> jax.Array:
@@ -242,7 +289,8 @@ class MoeMlp(nn.Module):
   """Top-k routed SwiGLU experts (Mixtral): sum_j s_j down_j(act(gate_j z) * up_j z).
 
   Every expert is evaluated (dense dispatch): exact and simple at the sizes this code targets.
-  Expert kernels are stacked: gate/up [E, C, F], down [E, F, C].
+  Expert kernels are stacked: gate/up [E, C, F], down [E, F, C] (the same in both weight layouts:
+  `kernel_layout` concerns the dense layers only, here the router).
   """
   spec: ModelSpec
 
@@ -252,11 +300,14 @@ class MoeMlp(nn.Module):
     e, c, f = s.num_experts, s.width, s.mlp_dim
     init = _torch_uniform_stacked if s.init == 'torch' else (
         lambda fan_in: nn.initializers.normal(0.02))
-    gates = moe_gates(dense(s, e, use_bias=False, name='router')(z), s.experts_per_token)
+    router = dense(s, e, ('embed', 'experts'), use_bias=False, name='router')
+    gates = moe_gates(router(z), s.experts_per_token)
     pdt, dtype = param_dtype(s), compute_dtype(s)
-    w_gate = self.param('gate', init(c), (e, c, f), pdt).astype(dtype)
-    w_up = self.param('up', init(c), (e, c, f), pdt).astype(dtype)
-    w_down = self.param('down', init(f), (e, f, c), pdt).astype(dtype)
+    stacked = lambda fan_in, axes: nn.with_logical_partitioning(init(fan_in), axes)
+    w_gate = self.param('gate', stacked(c, ('experts', 'embed', 'mlp')), (e, c, f), pdt)
+    w_up = self.param('up', stacked(c, ('experts', 'embed', 'mlp')), (e, c, f), pdt)
+    w_down = self.param('down', stacked(f, ('experts', 'mlp', 'embed')), (e, f, c), pdt)
+    w_gate, w_up, w_down = (w.astype(dtype) for w in (w_gate, w_up, w_down))
     return moe_combine(z.astype(dtype), gates, w_gate, w_up, w_down, activation_name(s))
 
 

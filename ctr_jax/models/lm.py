@@ -34,15 +34,18 @@ class _LanguageModelBase(nn.Module):
 
   def setup_common(self):
     s = self.spec
-    self.embed = nn.Embed(s.vocab_size, s.width, embedding_init=layers.embedding_init(s),
+    table_init = lambda rows: nn.with_logical_partitioning(layers.embedding_init(s),
+                                                           (rows, 'embed'))
+    self.embed = nn.Embed(s.vocab_size, s.width, embedding_init=table_init('vocab'),
                           dtype=layers.compute_dtype(s), param_dtype=layers.param_dtype(s))
     if s.positions == 'learned':
-      self.pos_embed = nn.Embed(s.max_len, s.width, embedding_init=layers.embedding_init(s),
+      self.pos_embed = nn.Embed(s.max_len, s.width, embedding_init=table_init('position'),
                                 dtype=layers.compute_dtype(s), param_dtype=layers.param_dtype(s))
     self.blocks = blocks.BlockStack(s)
     self.ln_f = layers.norm(s)
     if not s.tie_embeddings:
-      self.head = layers.dense(s, s.vocab_size, use_bias=blocks.block_class(s).head_bias,
+      self.head = layers.dense(s, s.vocab_size, ('embed', 'vocab'),
+                               use_bias=blocks.block_class(s).head_bias,
                                fan_in=s.width)
     self.drop = nn.Dropout(s.dropout)
 
@@ -61,6 +64,27 @@ class _LanguageModelBase(nn.Module):
     h = self.ln_f(z)
     out = self.embed.attend(h) if self.spec.tie_embeddings else self.head(h)
     return out.astype(layers.accumulation_dtype(out.dtype))
+
+  @nn.nowrap
+  def init(self, *args, **kwargs):
+    """`nn.Module.init` with plain arrays. Every parameter is created with its logical axis
+    names (`nn.with_logical_partitioning`); `init_with_output` keeps those boxes, which is what
+    `ctr_jax.sharding.param_axes` reads, and this unboxes them so the tree holds arrays."""
+    return nn.meta.unbox(super().init(*args, **kwargs))
+
+  # ----------------------------------------------------------------------------------------------
+  # Stages of one layer, for code that runs the model layer by layer (ctr_jax.implicit):
+  # model.apply(variables, layer, ..., method='layer_attend'). Layer i's output is
+  # v + mlp_branch(layer_mlp_input(x, v)) with (v, cache) = layer_attend(x, ...).
+  # ----------------------------------------------------------------------------------------------
+
+  def layer_attend(self, layer: int, x, positions, cache=None, cache_index=None):
+    """(v, new cache): the residual after layer `layer`'s attention sub-layer (no dropout)."""
+    return self.blocks.layers[layer].attend(x, positions, cache, cache_index)
+
+  def layer_mlp_input(self, layer: int, x, v):
+    """The normalised input of layer `layer`'s MLP, from its input x and its v."""
+    return self.blocks.layers[layer].mlp_input(x, v)
 
 
 class TransformerLM(_LanguageModelBase):
@@ -139,6 +163,10 @@ class ContextReadyLM(_LanguageModelBase):
   def correct(self, feedback, e):
     tied = self.blocks.layers[-1].mlp if self.spec.correction == 'tied' else None
     return self.correction(feedback, e, tied)
+
+  def correction_input(self, feedback, e):
+    """The normalised input of the correction FFN (a stage for ctr_jax.implicit)."""
+    return self.correction.ffn_input(feedback, e)
 
   def feedback(self, z, u):
     """What position t hands to t+1: z_t (or the block delta for correction='none')."""
