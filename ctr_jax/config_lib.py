@@ -78,6 +78,11 @@ def validate(config) -> None:
   if config.model.train_mode == 'bptt':
     _check(config.model.kind == 'context_ready', 'model.train_mode',
            "'bptt' needs model.kind='context_ready'")
+  # Workdir safety (docs/reliability.md): 0 would delete every checkpoint after saving it.
+  _check(isinstance(config.keep_checkpoints, int) and config.keep_checkpoints >= 1,
+         'keep_checkpoints', f'must be an integer >= 1, got {config.keep_checkpoints!r}')
+  _check(config.get('strict_resume', False) in (True, False), 'strict_resume',
+         f"got {config.get('strict_resume')!r}, allowed [True, False]")
 
 
 def shrink_for_cpu(config) -> None:
