@@ -9,9 +9,13 @@ a full disk ends as one line and leaves no temporary checkpoint; a damaged check
 aside and the run resumes from the newest complete older one (unless `config.strict_resume`).
 """
 
+import asyncio
 import errno
+import logging
 import shutil
 import sys
+import threading
+from unittest import mock
 
 from etils import epath
 import jax
@@ -40,6 +44,8 @@ def manager(workdir, max_to_keep: int = 3) -> ocp.CheckpointManager:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iter_state, meta: dict) -> None:
+  quiet = _DropDiskFullLogs()  # orbax logs each failing writer thread's traceback: we report once
+  logging.getLogger('absl').addFilter(quiet)
   try:
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
@@ -49,12 +55,30 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_iter_state, meta: d
   except Exception as e:  # pylint: disable=broad-except
     if not _is_disk_full(e):
       raise
+    quiet.active = True  # the other writer threads now fail too: their logs say nothing new
+    _join_orbax_threads()  # they must end before their temporary files are removed
     directory = epath.Path(mngr.directory)
     _remove_temporaries(directory, step)
     raise CheckpointError(f'no space left on the device of {directory.parent} while saving the '
                           f'checkpoint of step {step} ({_free_space(directory)} free); the '
                           'partial checkpoint was removed, free some space and rerun to '
                           'resume') from None
+  finally:
+    logging.getLogger('absl').removeFilter(quiet)
+
+
+class _DropDiskFullLogs(logging.Filter):
+
+  active = False
+
+  def filter(self, record):
+    return not (self.active or 'No space left on device' in record.getMessage())
+
+
+def _join_orbax_threads(timeout: float = 60.0) -> None:
+  for thread in threading.enumerate():
+    if thread is not threading.current_thread() and type(thread).__module__.startswith('orbax'):
+      thread.join(timeout)
 
 
 def _is_disk_full(error: BaseException) -> bool:
@@ -129,7 +153,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state, *, strict: bool)
     try:
       if not (directory / str(step) / 'meta' / 'metadata').exists():
         raise FileNotFoundError('meta/metadata is missing')
-      return (step, *restore(mngr, step, abstract_state))
+      return (step, *_restore_draining(mngr, step, abstract_state))
     except Exception as e:  # pylint: disable=broad-except  (orbax / tensorstore error types vary)
       reason = _first_line(e)
       older = [s for s in mngr.all_steps() if s < step]
@@ -147,6 +171,33 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state, *, strict: bool)
       print(f'ctr_jax: warning: {message}; moved it to {directory.parent / DAMAGED_DIR} and '
             f'resuming from step {max(older)}', file=sys.stderr, flush=True)
   return None
+
+
+def _drain_then_close(coro):
+  """orbax's `_run_sync_via_new_loop`, but the loop finishes its other tasks before it closes.
+
+  When one read of a damaged checkpoint fails, tensorstore still completes the reads in flight;
+  on a closed loop each prints an 'Event loop is closed' traceback (or 'Task exception was never
+  retrieved'). Those say nothing about the damage, which is reported once.
+  """
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+  finally:
+    pending = asyncio.all_tasks(loop)
+    if pending:
+      loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def _restore_draining(mngr, step, abstract_state):
+  from orbax.checkpoint._src import asyncio_utils  # pylint: disable=g-import-not-at-top
+  if not hasattr(asyncio_utils, '_run_sync_via_new_loop'):  # another orbax: plain restore
+    return restore(mngr, step, abstract_state)
+  with mock.patch.object(asyncio_utils, '_run_sync_via_new_loop', _drain_then_close):
+    return restore(mngr, step, abstract_state)
 
 
 def _sync_processes(name: str) -> None:
