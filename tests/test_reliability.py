@@ -31,7 +31,7 @@ def trained(data_dir, tmp_path_factory):
   """A finished 4-step run with checkpoints 2 and 4 (tests copy it before changing it)."""
   path = str(tmp_path_factory.mktemp('trained') / 'run')
   train.train_and_evaluate(tiny_train_config(data_dir), path)
-  assert checkpointing.steps(path) == [2, 4]
+  assert sorted(os.listdir(os.path.join(path, 'checkpoints'))) == ['2', '4']
   return path
 
 
