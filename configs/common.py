@@ -52,7 +52,10 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval_batches = 20            # validation batches per evaluation (0 = the whole split)
   c.eval_sequential = True       # also evaluate a context-ready model with the exact scan
   c.checkpoint_every = 5000
-  c.keep_checkpoints = 3
+  c.keep_checkpoints = 3           # newest checkpoints kept (>= 1)
+  c.strict_resume = False        # False: a damaged newest checkpoint is moved aside with a warning
+                                 # and the run resumes from the newest complete older one;
+                                 # True: refuse (docs/reliability.md)
   c.exit_at_step = -1            # save and exit at this step (time-sliced clusters, tests)
   c.init_from = ''               # workdir of a transformer run to convert (zero-init correction)
 

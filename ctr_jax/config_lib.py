@@ -72,6 +72,11 @@ def validate(config) -> None:
          'at most one axis may be -1')
   _check(config.sample.num_tokens >= 0, 'sample.num_tokens', 'must be >= 0')
   _check(config.sample.temperature >= 0, 'sample.temperature', 'must be >= 0')
+  # Workdir safety (docs/reliability.md): 0 would delete every checkpoint after saving it.
+  _check(isinstance(config.keep_checkpoints, int) and config.keep_checkpoints >= 1,
+         'keep_checkpoints', f'must be an integer >= 1, got {config.keep_checkpoints!r}')
+  _check(config.get('strict_resume', False) in (True, False), 'strict_resume',
+         f"got {config.get('strict_resume')!r}, allowed [True, False]")
 
 
 def check_moved_overrides(argv) -> None:

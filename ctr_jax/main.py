@@ -31,11 +31,14 @@ def main(argv):
     logging.info('JAX process %d/%d, devices: %s', jax.process_index(), jax.process_count(),
                  jax.devices())
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ValueError, FileNotFoundError, PermissionError, RuntimeError) as e:
+  except (ValueError, OSError, RuntimeError) as e:
+    # One line, no traceback (CTR_JAX_TRACEBACK=1 shows it). Exit 2: the input (config, flags,
+    # workdir) is wrong; 3: the run failed (NaN, damaged checkpoint, disk full, I/O error).
     if os.environ.get('CTR_JAX_TRACEBACK'):
       raise
     print(f'ctr_jax: error: {" ".join(str(e).split())}', file=sys.stderr)
-    sys.exit(3 if isinstance(e, RuntimeError) else 2)
+    user_error = isinstance(e, (ValueError, FileNotFoundError, PermissionError))
+    sys.exit(2 if user_error else 3)
 
 
 def parse_flags(argv):

@@ -1,47 +1,67 @@
 """What a user sees in the workdir: metrics.jsonl, TensorBoard events, curves.png, summary.json.
 
-Only process 0 writes; other processes get a writer whose methods do nothing.
+Only process 0 writes; other processes get a writer whose methods do nothing. Files go through
+`etils.epath` (see ctr_jax/workdir.py), so a `gs://` workdir works like a local one.
 """
 
+import io
 import json
 import math
-import os
 
+from etils import epath
 import numpy as np
+
+from ctr_jax import workdir as workdir_lib
 
 
 class MetricWriter:
   """JSON lines plus TensorBoard scalars (tensorboardX: no TensorFlow needed)."""
 
-  def __init__(self, workdir: str, active: bool = True):
-    self.workdir = workdir
+  def __init__(self, workdir, active: bool = True, tensorboard: bool = True):
+    self.workdir = epath.Path(workdir)
     self.active = active
     self._tb = None
+    self._path = self.workdir / 'metrics.jsonl'
+    # Object stores cannot append: the file is rewritten whole (one atomic upload) per write.
+    self._local = workdir_lib.is_local(self.workdir)
+    self._lines = None
     if active:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+      if tensorboard:
+        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+        self._tb = SummaryWriter(str(self.workdir / 'tensorboard'))
+      if self._local:
+        self._jsonl = open(self._path, 'a')
+      else:
+        self._lines = self._path.read_text().splitlines(True) if self._path.exists() else []
 
   def write(self, step: int, scalars: dict) -> None:
     if not self.active:
       return
     clean = {k: _to_float(v) for k, v in scalars.items()}
-    self._jsonl.write(json.dumps({'step': int(step), **clean}) + '\n')
-    self._jsonl.flush()
-    for k, v in clean.items():
-      if v is not None and math.isfinite(v):
-        self._tb.add_scalar(k, v, int(step))
-    self._tb.flush()
+    line = json.dumps({'step': int(step), **clean}) + '\n'
+    if self._local:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+    else:
+      self._lines.append(line)
+      self._path.write_text(''.join(self._lines))
+    if self._tb is not None:
+      for k, v in clean.items():
+        if v is not None and math.isfinite(v):
+          self._tb.add_scalar(k, v, int(step))
+      self._tb.flush()
 
   def write_text(self, step: int, tag: str, text: str) -> None:
-    if self.active:
+    if self.active and self._tb is not None:
       self._tb.add_text(tag, text, int(step))
       self._tb.flush()
 
   def close(self) -> None:
     if self.active:
-      self._jsonl.close()
-      self._tb.close()
+      if self._local:
+        self._jsonl.close()
+      if self._tb is not None:
+        self._tb.close()
 
 
 def _to_float(v):
@@ -50,23 +70,35 @@ def _to_float(v):
   return float(np.asarray(v))
 
 
-def write_json(path: str, payload: dict) -> None:
+def write_json(path, payload: dict) -> None:
   """Atomic JSON write (a crash never leaves a half-written file)."""
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(payload, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  workdir_lib.write_json(path, payload)
 
 
-def read_metrics(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
+def read_metrics(workdir) -> list[dict]:
+  path = epath.Path(workdir) / 'metrics.jsonl'
+  if not path.exists():
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_curves(workdir: str) -> str | None:
+def drop_rows_after(workdir, step: int) -> int:
+  """Drops metrics.jsonl rows past `step` (written after the checkpoint a run resumes from).
+
+  The kept lines are left byte for byte; the file is replaced atomically. Returns how many rows
+  were dropped.
+  """
+  path = epath.Path(workdir) / 'metrics.jsonl'
+  if not path.exists():
+    return 0
+  lines = path.read_text().splitlines(True)
+  kept = [l for l in lines if not l.strip() or json.loads(l)['step'] <= step]
+  if len(kept) != len(lines):
+    workdir_lib.write_bytes_atomic(path, ''.join(kept).encode())
+  return len(lines) - len(kept)
+
+
+def plot_curves(workdir) -> str | None:
   """curves.png: training and validation loss against steps."""
   rows = read_metrics(workdir)
   train = [(r['step'], r['train_loss']) for r in rows if r.get('train_loss') is not None]
@@ -88,6 +120,8 @@ def plot_curves(workdir: str) -> str | None:
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  path = os.path.join(workdir, 'curves.png')
-  fig.savefig(path, dpi=100)
-  return path
+  path = epath.Path(workdir) / 'curves.png'
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format='png', dpi=100)
+  workdir_lib.write_bytes_atomic(path, buffer.getvalue())
+  return str(path)

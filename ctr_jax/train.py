@@ -4,11 +4,13 @@ Resume order (the first that applies wins):
   1. the latest checkpoint in `workdir` (a restarted or preempted run continues);
   2. `config.init_from`: a transformer checkpoint converted to a context-ready model;
   3. a fresh initialisation from `config.seed`.
+
+What a crash, a full disk, a damaged checkpoint or a second run on the same workdir do is listed in
+docs/reliability.md (ctr_jax/workdir.py and ctr_jax/checkpointing.py).
 """
 
 import functools
 import json
-import os
 import signal
 import time
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from ctr_jax import (checkpointing, config_lib, convert, metrics, models, optim, sharding, tasks,
                      train_step)
+from ctr_jax import workdir as workdir_lib
 
 
 class UserError(ValueError):
@@ -36,15 +39,9 @@ def split_moved_fields(saved_model: dict) -> tuple[dict, dict]:
 def prepare_workdir(config, workdir: str) -> str:
   """Validates everything that can be checked before a file is written; returns the abs path."""
   config_lib.validate(config)
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f'.write_probe_{os.getpid()}')
-    with open(probe, 'w') as f:
-      f.write('ok')
-    os.remove(probe)
-  except OSError as e:
-    raise UserError(f'--workdir={workdir} is not writable: {e.strerror}') from None
+  workdir = workdir_lib.resolve(workdir)
+  workdir_lib.ensure_writable(workdir)
+  workdir = str(workdir)
   meta = checkpointing.read_meta(workdir)
   if meta is not None:
     # A field the saved config lacks was added later; the checkpoint has its old default.
@@ -74,6 +71,19 @@ def _note_recipe_change(workdir, saved_recipe: dict, current: dict) -> None:
 
 
 def train_and_evaluate(config, workdir: str, devices=None) -> dict:
+  """Runs `config.job` in `workdir` (locked for the run; see docs/reliability.md)."""
+  config_lib.validate(config)  # before anything touches the workdir
+  run = workdir_lib.Run(workdir, active=jax.process_index() == 0)
+  try:
+    summary = _train_and_evaluate(config, str(run), devices, run)
+  except BaseException:
+    run.fail()  # removes what this run created if it saved nothing
+    raise
+  run.finish()
+  return summary
+
+
+def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
   # ----------------------------------------------------------------------------------------------
   # Workdir, processes, mesh.
   # ----------------------------------------------------------------------------------------------
@@ -119,12 +129,16 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   # Restore (see the resume order in the module docstring).
   # ----------------------------------------------------------------------------------------------
   mngr = checkpointing.manager(workdir, config.keep_checkpoints)
-  latest = mngr.latest_step()
   earlier_seconds = 0.0  # time spent by earlier runs of this workdir; None if unknown
+  window = []  # per-step metrics of the logging window in progress (restored with the state)
   with jax.set_mesh(mesh):
+    restored = checkpointing.restore_latest(
+        mngr, checkpointing.abstract_with_shardings(abstract_state, state_shardings),
+        strict=config.get('strict_resume', False))
+    latest = restored[0] if restored else None
     if latest is not None:
-      state, iter_state, restored_meta = checkpointing.restore(
-          mngr, latest, checkpointing.abstract_with_shardings(abstract_state, state_shardings))
+      _, state, iter_state, restored_meta = restored
+      window = checkpointing.window_from_json((restored_meta or {}).get('metrics_window'))
       if iter_state:
         task.train_iter.set_state(iter_state)
       # Checkpoints written before this field existed do not know their training time.
@@ -137,7 +151,9 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
         state = _convert_from(config, state, state_shardings, mesh, rules)
   num_params = models.count_params(state['params'])
   if is_chief:
-    metrics.write_json(os.path.join(workdir, 'config.json'), json.loads(config.to_json()))
+    # Rows past the restored step were written after its checkpoint: the resumed run rewrites them.
+    metrics.drop_rows_after(workdir, latest or 0)
+    workdir_lib.write_config(workdir, json.loads(config.to_json()), latest)
 
   # ----------------------------------------------------------------------------------------------
   # Steps: one jitted train step per K value (random-depth training draws K per batch).
@@ -172,7 +188,9 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
     previous_handler = signal.signal(signal.SIGTERM, lambda sig, _: stop.update(signal=sig))
   tokens_per_step = config.batch_size * config.data.seq_len
   progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
-  window, window_start, tokens_per_second = [], time.perf_counter(), None
+  window_start, tokens_per_second = time.perf_counter(), None
+  health = checkpointing.health_init(repl)  # first step with a NaN/Inf loss or gradient norm
+  last_saved = latest
   try:
     while config.job == 'train' and step < config.total_steps:
       batch = to_global(next(task.train_iter))
@@ -181,7 +199,10 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
         state, step_metrics = compiled_step(k)(state, batch)
       step += 1
       window.append(step_metrics)
+      health = checkpointing.health_update(health, step, step_metrics['loss'],
+                                           step_metrics['grad_norm'])
       if step % config.log_every == 0 or step == config.total_steps:
+        checkpointing.check_health(health, last_saved, workdir)
         host = jax.device_get(window)
         mean = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
         if not all(np.isfinite(v) for v in mean.values()):
@@ -206,8 +227,11 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
         window_start = time.perf_counter()  # evaluation time is not training throughput
       stopping = stop['signal'] is not None or step == config.exit_at_step
       if stopping or step % config.checkpoint_every == 0 or step == config.total_steps:
-        checkpointing.save(mngr, step, state, task.train_iter.get_state(),
-                           _meta(config, step, _total_seconds(earlier_seconds, run_start)))
+        checkpointing.check_health(health, last_saved, workdir)  # never save a NaN state
+        meta = _meta(config, step, _total_seconds(earlier_seconds, run_start))
+        meta['metrics_window'] = checkpointing.window_to_json(jax.device_get(window))
+        checkpointing.save(mngr, step, state, task.train_iter.get_state(), meta)
+        run.saved, last_saved = True, step
       if stopping:
         if is_chief:
           reason = 'SIGTERM' if stop['signal'] else 'config.exit_at_step'
@@ -245,7 +269,7 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   if is_chief:
     # Only training writes summary.json; evaluate / generate jobs leave it intact.
     summary_name = {'train': 'summary.json'}.get(config.job, f'{config.job}.json')
-    metrics.write_json(os.path.join(workdir, summary_name), summary)
+    metrics.write_json(workdir_lib.resolve(workdir) / summary_name, summary)
     metrics.plot_curves(workdir)
   return summary
 

@@ -63,15 +63,34 @@ def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
   assert os.path.exists(os.path.join(workdir, 'generate.json'))
 
 
+WALL_CLOCK = ('tokens_per_second',)
+
+
+def metric_lines(workdir):
+  """metrics.jsonl as written, less the wall-clock fields (the only ones allowed to differ)."""
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  return [json.dumps({k: v for k, v in r.items()
+                      if k not in WALL_CLOCK and not k.endswith('_seconds')}) for r in rows]
+
+
 def test_interrupted_and_resumed_run_reproduces_losses(data_dir, tmp_path):
+  """Stopped at a non-log step, then killed after logging a step it never checkpointed."""
+  options = dict(total_steps=6, log_every=4, eval_every=2, checkpoint_every=3)
   full = str(tmp_path / 'full')
-  train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), full)
+  train.train_and_evaluate(tiny_train_config(data_dir, **options), full)
   split = str(tmp_path / 'split')
-  first = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6, exit_at_step=3),
-                                   split)
+  first = train.train_and_evaluate(tiny_train_config(data_dir, **options, exit_at_step=3), split)
   assert first.get('interrupted') and first['step'] == 3
-  train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), split)
+  # A SIGKILL after step 4 was logged but before its checkpoint: the row exists, the state not.
+  with open(os.path.join(full, 'metrics.jsonl')) as f:
+    step_4 = [line for line in f if json.loads(line)['step'] == 4]
+  with open(os.path.join(split, 'metrics.jsonl'), 'a') as f:
+    f.writelines(step_4)
+  train.train_and_evaluate(tiny_train_config(data_dir, **options), split)
   assert train_losses(split) == train_losses(full)  # bit-for-bit on CPU
+  # Every row and field (the step-4 mean covers steps 1-4 across the stop), in the same order.
+  assert metric_lines(split) == metric_lines(full)
 
 
 def test_checkpoint_from_before_a_new_model_field_resumes_only_with_its_old_default(

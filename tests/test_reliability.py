@@ -1,0 +1,326 @@
+"""Failure cases of a training run (docs/reliability.md): what the user sees, what stays on disk."""
+
+import errno
+import importlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ctr_jax import checkpointing, config_lib, metrics, train
+from ctr_jax import workdir as workdir_lib
+from helpers import tiny_train_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('data'))
+  from ctr_jax.data import pipeline
+  pipeline.load('kjv_bible', data_dir=path, vocab_size=320)
+  return path
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  """A finished 4-step run with checkpoints 2 and 4 (tests copy it before changing it)."""
+  path = str(tmp_path_factory.mktemp('trained') / 'run')
+  train.train_and_evaluate(tiny_train_config(data_dir), path)
+  assert sorted(os.listdir(os.path.join(path, 'checkpoints'))) == ['2', '4']
+  return path
+
+
+def _copy(src, tmp_path):
+  dst = str(tmp_path / 'run')
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _main(args, cwd=ROOT):
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT}
+  env.pop('CTR_JAX_TRACEBACK', None)
+  return subprocess.run([sys.executable, '-m', 'ctr_jax.main', *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=240)
+
+
+def _tiny_flags(data_dir):
+  """The same model as tiny_train_config (so the CLI can resume its checkpoints)."""
+  return [f'--config={ROOT}/configs/quickstart.py', f'--config.data.data_dir={data_dir}',
+          '--config.model.kind=context_ready', '--config.model.width=32',
+          '--config.model.depth=1', '--config.model.num_heads=2', '--config.model.vocab_size=320',
+          '--config.model.max_len=64', '--config.model.k_unroll=3', '--config.model.k_min=0',
+          '--config.data.seq_len=16', '--config.batch_size=8', '--config.eval_batches=1',
+          '--config.sample.num_tokens=0']
+
+
+def _one_line_error(result, code, *needles):
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == code, result.stderr[-3000:]
+  assert len(lines) == 1 and lines[0].startswith('ctr_jax: error: '), result.stderr[-3000:]
+  for needle in needles:
+    assert needle in lines[0], lines[0]
+  return lines[0]
+
+
+def _snapshot(path):
+  out = {}
+  for base, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(base, name)
+      with open(full, 'rb') as f:
+        out[os.path.relpath(full, path)] = f.read()
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad workdir and keep_checkpoints: one line, exit 2, nothing written.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('flag,needle', [
+    ('--workdir=', 'empty'),
+    ('--workdir=   ', 'empty'),
+    ('--config.keep_checkpoints=0', 'config.keep_checkpoints'),
+    ('--config.keep_checkpoints=-1', 'config.keep_checkpoints'),
+])
+def test_cli_refuses_empty_workdir_and_bad_keep_checkpoints(flag, needle, data_dir, tmp_path):
+  cwd = tmp_path / 'cwd'
+  cwd.mkdir()
+  args = [*_tiny_flags(data_dir), '--config.total_steps=2']
+  if not flag.startswith('--workdir'):
+    args.append(f'--workdir={tmp_path}/run')
+  result = _main([*args, flag], cwd=cwd)
+  line = _one_line_error(result, 2, needle)
+  assert 'max_to_keep' not in line
+  assert not any(cwd.iterdir()) and not (tmp_path / 'run').exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# The workdir lock.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(
+    data_dir, trained, tmp_path, capfd):
+  workdir = _copy(trained, tmp_path)
+  holder = workdir_lib.Lock(workdir_lib.resolve(workdir)).acquire()  # this test's pid holds it
+  try:
+    before = _snapshot(workdir)
+    result = _main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=6'])
+    _one_line_error(result, 2, 'in use by another run', socket.gethostname(),
+                    f'pid {os.getpid()}')
+    assert _snapshot(workdir) == before
+  finally:
+    holder.release()
+  # A holder that died (SIGKILL) leaves its name in the lock file: the rerun takes over.
+  dead = subprocess.Popen(['true'])
+  dead.wait()
+  with open(os.path.join(workdir, workdir_lib.LOCK_NAME), 'w') as f:
+    json.dump({'host': socket.gethostname(), 'pid': dead.pid, 'time': 'earlier'}, f)
+  capfd.readouterr()
+  summary = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
+  assert summary['step'] == 6
+  assert f'took over the stale lock of host {socket.gethostname()} pid {dead.pid}' in (
+      capfd.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------------
+# NaN / Inf: never checkpointed, the first bad step named; a failed run removes what it created.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_non_finite_state_is_never_saved_and_the_first_bad_step_is_named(data_dir, tmp_path):
+  nan = {'optim.lr': 1e6, 'total_steps': 20, 'log_every': 25, 'checkpoint_every': 10}
+  # With this lr, step 4 is the first step whose loss is NaN (the state after step 3 is finite).
+  good = str(tmp_path / 'good')
+  train.train_and_evaluate(tiny_train_config(data_dir, **{**nan, 'total_steps': 3,
+                                                          'checkpoint_every': 3}), good)
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r'NaN or Inf at step 4; .*last good checkpoint is step 3 in '):
+    train.train_and_evaluate(tiny_train_config(data_dir, **nan), good)
+  assert checkpointing.steps(good) == [3]  # no NaN checkpoint at step 10 or 20
+  # A fresh workdir (and its new parents) is removed; in an existing one only the new entries.
+  fresh = tmp_path / 'new' / 'parent' / 'run'
+  with pytest.raises(checkpointing.CheckpointError, match='at step 4; .*no checkpoint'):
+    train.train_and_evaluate(tiny_train_config(data_dir, **nan), str(fresh))
+  assert not (tmp_path / 'new').exists()
+  existing = tmp_path / 'existing'
+  existing.mkdir()
+  (existing / 'notes.txt').write_text('mine')
+  with pytest.raises(checkpointing.CheckpointError):
+    train.train_and_evaluate(tiny_train_config(data_dir, **nan), str(existing))
+  assert sorted(os.listdir(existing)) == ['notes.txt']
+
+
+# ------------------------------------------------------------------------------------------------
+# config.json: the training run's record survives evaluate jobs and changed resumes.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_config_json_is_kept_by_evaluate_jobs_and_versioned_by_a_changed_resume(
+    data_dir, trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    original = json.load(f)
+  train.train_and_evaluate(tiny_train_config(data_dir, job='evaluate'), workdir)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f) == original
+  with open(os.path.join(workdir, 'evaluate_config.json')) as f:
+    assert json.load(f)['job'] == 'evaluate'
+  train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
+  with open(os.path.join(workdir, 'config.step4.json')) as f:
+    assert json.load(f) == original
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['total_steps'] == 6
+
+
+# ------------------------------------------------------------------------------------------------
+# Damaged checkpoints.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_missing_metadata_does_not_skip_the_model_check_and_falls_back(
+    data_dir, trained, tmp_path, capfd):
+  workdir = _copy(trained, tmp_path)
+  os.remove(os.path.join(workdir, 'checkpoints', '4', 'meta', 'metadata'))
+  with pytest.raises(train.UserError, match='different model config'):
+    train.train_and_evaluate(tiny_train_config(data_dir, **{'model.width': 64}), workdir)
+  with pytest.raises(checkpointing.CheckpointError,
+                     match='checkpoint step 4 in .* is damaged: meta/metadata is missing'):
+    train.train_and_evaluate(tiny_train_config(data_dir, strict_resume=True), workdir)
+  capfd.readouterr()
+  summary = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
+  assert summary['step'] == 6
+  assert 'warning: checkpoint step 4' in capfd.readouterr().err
+  assert checkpointing.steps(workdir) == [2, 4, 6]
+  assert os.listdir(os.path.join(workdir, checkpointing.DAMAGED_DIR)) == ['4']
+
+
+def _data_files(workdir, step):
+  root = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  return [os.path.join(b, f) for b, _, fs in os.walk(root) for f in fs
+          if os.path.basename(b) == 'd']  # tensorstore's OCDBT data files
+
+
+@pytest.mark.slow
+def test_a_truncated_checkpoint_is_reported_and_the_run_falls_back(
+    data_dir, trained, tmp_path, capfd):
+  workdir = _copy(trained, tmp_path)
+  files = _data_files(workdir, 4)
+  assert files
+  for path in files:
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+  before = _snapshot(workdir)
+  strict = _main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=4',
+                  '--config.strict_resume=True'])
+  _one_line_error(strict, 3, f'checkpoint step 4 in {workdir}/checkpoints is damaged')
+  assert _snapshot(workdir) == before
+  capfd.readouterr()
+  summary = train.train_and_evaluate(tiny_train_config(data_dir), workdir)
+  assert summary['step'] == 4
+  err = capfd.readouterr().err
+  assert 'warning: checkpoint step 4' in err and 'resuming from step 2' in err
+  # The metrics rows the damaged checkpoint covered are written again, once.
+  assert [r['step'] for r in metrics.read_metrics(workdir) if 'train_loss' in r] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------------
+# Disk full while saving.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_disk_full_while_saving_is_one_line_and_leaves_no_temporary(
+    data_dir, tmp_path, monkeypatch, capfd):
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler as json_handler
+  original = json_handler.JsonCheckpointHandler._save_fn
+  calls = []
+
+  async def fill_the_disk(self, item, directory):
+    calls.append(directory)
+    if len(calls) > 2:  # the first checkpoint (two JSON items) is written, the second is not
+      raise OSError(errno.ENOSPC, 'No space left on device')
+    return await original(self, item, directory)
+
+  monkeypatch.setattr(json_handler.JsonCheckpointHandler, '_save_fn', fill_the_disk)
+  workdir = str(tmp_path / 'run')
+  capfd.readouterr()
+  with pytest.raises(checkpointing.CheckpointError) as failure:
+    train.train_and_evaluate(tiny_train_config(data_dir), workdir)
+  message = str(failure.value)
+  assert f'no space left on the device of {workdir} ' in message and 'MiB free' in message
+  assert '\n' not in message and 'Traceback' not in capfd.readouterr().err
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2']  # no *-tmp-* left
+
+
+# ------------------------------------------------------------------------------------------------
+# Cloud workdirs: every workdir file goes through epath.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_gcs(monkeypatch):
+  """gs:// served by fsspec's in-memory filesystem (offline; epath's fsspec backend uses it)."""
+  from fsspec.implementations.memory import MemoryFileSystem
+  registry = importlib.import_module('fsspec.registry')
+  for name in ('gs', 'gcs'):
+    monkeypatch.setitem(registry._registry, name, MemoryFileSystem)
+  yield 'gs://ctr-jax-test-bucket'
+  MemoryFileSystem.store.clear()
+  MemoryFileSystem.pseudo_dirs[:] = ['']
+
+
+def test_workdir_files_on_a_cloud_path(fake_gcs):
+  uri = f'{fake_gcs}/runs/a'
+  run = workdir_lib.Run(uri)
+  path = run.path
+  assert str(path) == uri and (path / workdir_lib.LOCK_NAME).exists()
+  with pytest.raises(workdir_lib.WorkdirError, match=f'in use by another run .*pid {os.getpid()}'):
+    workdir_lib.Run(uri)  # a live holder on this host
+  writer = metrics.MetricWriter(path, tensorboard=False)  # tensorboardX talks to GCS itself
+  for step in (1, 2, 3):
+    writer.write(step, {'train_loss': 1.0 / step})
+  writer.write(3, {'val_loss': 0.5})
+  writer.close()
+  assert metrics.drop_rows_after(path, 2) == 2
+  assert [r['step'] for r in metrics.read_metrics(path)] == [1, 2]
+  workdir_lib.write_config(path, {'job': 'train', 'seed': 0}, None)
+  metrics.write_json(path / 'summary.json', {'step': 2})
+  assert metrics.plot_curves(path) == f'{uri}/curves.png'
+  assert checkpointing.read_meta(uri) is None
+  assert json.loads((path / 'summary.json').read_text()) == {'step': 2}
+  assert (path / 'curves.png').read_bytes().startswith(b'\x89PNG')
+  run.finish()
+  assert not (path / workdir_lib.LOCK_NAME).exists()
+  # A stale lock file (a dead pid of this host) is taken over; a failed new run leaves nothing.
+  dead = subprocess.Popen(['true'])
+  dead.wait()
+  other = f'{fake_gcs}/runs/b'
+  workdir_lib.resolve(other).mkdir(parents=True)
+  (workdir_lib.resolve(other) / workdir_lib.LOCK_NAME).write_text(
+      json.dumps({'host': socket.gethostname(), 'pid': dead.pid}))
+  assert 'stale' in workdir_lib.Run(other).__dict__['_lock'].note
+  fresh = workdir_lib.Run(f'{fake_gcs}/runs/c')
+  fresh.fail()
+  assert not workdir_lib.resolve(f'{fake_gcs}/runs/c').exists()
+
+
+def test_a_file_url_workdir_trains_like_a_local_path(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  summary = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=2),
+                                     f'file://{workdir}')
+  assert summary['step'] == 2
+  for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'checkpoints'):
+    assert (workdir / name).exists(), name
+
+
+def test_keep_checkpoints_is_validated_with_the_config_field_name(data_dir):
+  for bad in (0, -1):
+    with pytest.raises(ValueError, match='config.keep_checkpoints: must be an integer >= 1'):
+      config_lib.validate(tiny_train_config(data_dir, keep_checkpoints=bad))
