@@ -13,7 +13,9 @@ directory; the paper's five prompts, Gemma chat format):
   python scripts/implicit_generation.py \
       --config=configs/implicit_generation.py:hf_dir=/path/to/gemma-3-1b-it
 
-Results (results.json, table.md) go to `workdir`, figures also to `figures_dir`.
+Results (results.json, table.md) go to `workdir`, figures also to `figures_dir`. Args: `quick`, a
+smoke run in well under a minute; `runlocal` is accepted as by every config and changes nothing
+(the default already runs on a CPU).
 """
 
 import ml_collections
@@ -48,7 +50,7 @@ def _family(block, **model):
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, hf_dir='', quick=False)
+  arg = config_lib.parse_arg(arg, hf_dir='', quick=False, runlocal=False)  # runlocal: no-op
   c = ml_collections.ConfigDict()
   c.workdir = '/tmp/implicit_generation'  # results.json, table.md, trained parameters
   c.figures_dir = 'docs/figures'          # '' = workdir only

@@ -21,6 +21,7 @@ Args:
   equals_targets: 1 adds helper targets on the '=' of every entry (all levels): the entry's
          resolved value, one token before its key, so every level's key can read its answer
          from the position before it as level-0 keys do. Our choice as well; default 0.
+  runlocal: a CPU smoke run of the same task: at most 200 steps, evaluated on 256 examples.
 Defaults follow the author's runs (reference section 7.3): width 128, 4 heads, Adam lr 1e-3
 (no weight decay, constant rate), gradient clipping 1.0, batch 64, dropout 0, PyTorch-default
 initialisation (init='torch'; 0.02-std initialisation stayed at chance for 800 steps here).
@@ -54,7 +55,7 @@ def model_for(name: str, hops: int, width: int = 128, heads: int = 4):
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, hops=3, model='d1_bptt', steps=5000, width=128, seed=0,
-                              entry_targets=0, equals_targets=0)
+                              entry_targets=0, equals_targets=0, runlocal=False)
   c = common.get_base()
   c.model, recipe = model_for(args.model, args.hops, args.width)
   c.train.update(recipe)
@@ -80,6 +81,10 @@ def get_config(arg=None):
   c.pointer_eval_examples = 1024  # fresh examples in the final evaluation
   c.checkpoint_every = 500
   c.sample.num_tokens = 0
+  if args.runlocal:
+    c.total_steps = min(c.total_steps, 200)
+    c.eval_every = c.checkpoint_every = 100
+    c.pointer_eval_examples = 256
   return c
 
 

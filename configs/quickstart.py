@@ -5,7 +5,8 @@
 Trains D=2, C=128 with K ~ U{2..4} for 600 steps (about 6 minutes on 2 CPU cores), then reports
 validation perplexity in parallel-K and in exact sequential mode and prints a sample.
 Args: `transformer` trains the matching 4-layer baseline instead, e.g.
-configs/quickstart.py:transformer.
+configs/quickstart.py:transformer; `runlocal` (accepted by every config) cuts it to 200 steps, a
+smoke run of about 2 minutes: configs/quickstart.py:runlocal or :transformer,runlocal.
 """
 
 from configs import common
@@ -14,7 +15,7 @@ from ctr_jax import models
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, transformer=False)
+  args = config_lib.parse_arg(arg, transformer=False, runlocal=False)
   c = common.get_base()
   if args.transformer:
     c.model = models.model_config(kind='transformer', width=128, depth=4, num_heads=4,
@@ -36,4 +37,6 @@ def get_config(arg=None):
   c.eval_batches = 6
   c.checkpoint_every = 200
   c.sample.num_tokens = 48
+  if args.runlocal:  # already a CPU run: only shorter
+    c.total_steps, c.eval_every, c.checkpoint_every = 200, 100, 100
   return c

@@ -1,7 +1,10 @@
 """Helpers for experiment configs: `file.py:k=v,...` args, validation and the CPU shrink."""
 
 import ast
+import difflib
+import json
 import os
+import re
 
 import ml_collections
 
@@ -117,16 +120,124 @@ def parse_flags_one_line_errors(flag_values, argv, program: str):
     flag_values.config.get('name')  # a config file that failed to load raises here
     return argv
   except (flags.Error, KeyError, OSError, ValueError, TypeError, AttributeError) as e:
-    print(f'{program}: error: {_one_line(e)}', file=sys.stderr)
+    print(f'{program}: error: {_one_line(e, flag_values, argv)}', file=sys.stderr)
     sys.exit(2)
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: BaseException, flag_values=None, argv=()) -> str:
   error = error.__cause__ or error
-  text = str(error)
+  if isinstance(error, AttributeError) and error.args and isinstance(error.args[0], KeyError):
+    error = error.args[0]  # ml_collections wraps an unknown override's KeyError
   if isinstance(error, KeyError) and error.args:
-    text = f'unknown config field {error.args[0]}'
-  lines = [l.strip() for l in str(text).splitlines() if l.strip()]
+    return _unknown_field_message(error, flag_values, argv)
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
   if any(l.startswith('Traceback') for l in lines):
     lines = lines[-1:]  # a config file that raised: its last line is the actual message
   return ' '.join(l for l in lines if not l.startswith('Pass --helpshort'))
+
+
+def field_paths(config, prefix: str = '') -> list[str]:
+  """Every dotted field path of a ConfigDict ('model.width', 'optim.lr', ...), nodes included."""
+  paths = []
+  for key, value in config.items():
+    path = f'{prefix}{key}'
+    paths.append(path)
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      paths.extend(field_paths(value, path + '.'))
+  return paths
+
+
+def unknown_field_error(path: str, config) -> str:
+  """"unknown config field 'model.widht'; did you mean 'model.width'?" (difflib's nearest)."""
+  parts = path.split('.')
+  node, depth = config, 0
+  while depth < len(parts) and isinstance(node, (ml_collections.ConfigDict, dict)) \
+      and parts[depth] in node:
+    node, depth = node[parts[depth]], depth + 1
+  parent = '.'.join(parts[:depth])
+  prefix = parent + '.' if parent else ''
+  known = field_paths(config)
+  siblings = list(node) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
+  # First the misspelt component among its siblings, then the name anywhere ('grad_clip').
+  nearest = [prefix + '.'.join([n, *parts[depth + 1:]])
+             for n in difflib.get_close_matches(parts[depth], siblings, n=3, cutoff=0.6)]
+  nearest = [n for n in nearest if n in known] or [
+      k for k in known if k.rpartition('.')[2] == parts[-1] and k != path]
+  if nearest:
+    hint = f"; did you mean {' or '.join(repr(n) for n in nearest[:3])}?"
+  elif not isinstance(node, (ml_collections.ConfigDict, dict)):
+    hint = f'; {parent!r} is a value, not a section'
+  else:
+    hint = f"; the fields {'of ' + repr(parent) if parent else 'at the top'} are {sorted(siblings)}"
+  return f'unknown config field {path!r}{hint}'
+
+
+def _unknown_field_message(error: KeyError, flag_values, argv) -> str:
+  # The KeyError names only the last component ('widht'); the override in argv has the path.
+  name = str(error.args[0]).splitlines()[0].strip('\'"')
+  config = _load_config_for_hint(flag_values, argv)
+  if config is not None:
+    known = field_paths(config)
+    for path in _override_paths(argv):
+      if path not in known:
+        return unknown_field_error(path, config)
+  said = re.search(r'Did you mean "([^"]+)"', str(error.args[0]))
+  return f"unknown config field {name!r}" + (f"; did you mean {said[1]!r}?" if said else '')
+
+
+def _override_paths(argv) -> list[str]:
+  paths = []
+  for arg in argv or ():
+    if arg.startswith('--config.'):
+      paths.append(arg[len('--config.'):].split('=', 1)[0])
+  return paths
+
+
+def _load_config_for_hint(flag_values, argv):
+  """The config the overrides apply to, loaded again (the failed parse left no value)."""
+  if flag_values is None:
+    return None
+  try:
+    flag = flag_values['config']
+    specs = [a.split('=', 1)[1] for a in argv or () if a.startswith('--config=')]
+    spec = specs[-1] if specs else flag.default_as_str or flag.default
+    return flag.parser.parse(spec.strip("'\"")) if isinstance(spec, str) else None
+  except Exception:  # pylint: disable=broad-except  (only a hint: never mask the real error)
+    return None
+
+
+def state_structure_changes(saved_config: dict, config) -> list[tuple[str, object, object]]:
+  """(field, saved, current) for each optimizer field whose change alters the state's tree.
+
+  Such a change (e.g. optim.grad_clip 0 <-> > 0 adds or drops optax's clipping state) makes the
+  checkpoint's optimizer state unreadable; compared on a two-leaf stand-in for the parameters.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from ctr_jax import optim  # pylint: disable=g-import-not-at-top
+  saved = dict(saved_config.get('optim') or {})
+  current = json.loads(config.optim.to_json())
+  params = {'kernel': jnp.zeros((2, 2)), 'bias': jnp.zeros((2,))}
+
+  def structure(fields):
+    tx = optim.make_optimizer(ml_collections.ConfigDict(fields), max(int(config.total_steps), 1))
+    return jax.tree.structure(jax.eval_shape(tx.init, params))
+
+  if not saved or set(saved) != set(current):
+    saved = {**current, **{k: v for k, v in saved.items() if k in current}}
+  reference = structure(saved)
+  changes = []
+  for field in sorted(current):
+    if saved[field] != current[field] and structure({**saved, field: current[field]}) != reference:
+      changes.append((f'optim.{field}', saved[field], current[field]))
+  return changes
+
+
+def check_resumable(saved_config: dict, config, workdir: str) -> None:
+  """Raises a one-line ValueError when the checkpoint's train state cannot take this config."""
+  changes = state_structure_changes(saved_config, config)
+  if changes:
+    fields = ', '.join(f'config.{f}={c!r} (the checkpoint has {s!r})' for f, s, c in changes)
+    flags = ' '.join(f'--config.{f}={s!r}' for f, s, _ in changes)
+    raise ValueError(f'{fields}: this changes the optimizer state saved in {workdir}, so it '
+                     f'cannot resume; pass {flags} to resume, or use a new --workdir')

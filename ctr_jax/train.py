@@ -54,6 +54,7 @@ def prepare_workdir(config, workdir: str) -> str:
     if diff:
       raise UserError(f'the checkpoint in {workdir} was trained with a different model config '
                       f'(fields {diff}); use a new --workdir')
+    config_lib.check_resumable(meta.get('config', {}), config, workdir)
   elif config.job not in ('train', 'prepare'):
     raise UserError(f'config.job={config.job!r} needs a checkpoint, but {workdir} has none')
   return workdir

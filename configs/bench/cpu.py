@@ -4,14 +4,18 @@ PyTorch peer, a 512-token prefill and the scaling exponents.
   python -m ctr_jax.bench --config=configs/bench/cpu.py
 
 Writes the 'cpu' section of docs/benchmarks.md (about 15 minutes on 2 cores). Install the peer
-first: pip install -e ".[bench]". Subsets: --config.sections=train,decode
+first: pip install -e ".[bench]". Subsets: --config.sections=train,decode. `:runlocal` (accepted
+by every config) runs tiny.py's toy sizes instead, printed only.
 """
 
 from configs.bench import base
+from configs.bench import tiny
+from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  del arg
+  if config_lib.parse_arg(arg, runlocal=False).runlocal:  # a CPU smoke run: tiny.py's sizes
+    return tiny.get_config()
   c = base.get_base('cpu', 'python -m ctr_jax.bench --config=configs/bench/cpu.py')
   c.output = 'docs/benchmarks.md'
   c.repeats = 3

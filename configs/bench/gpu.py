@@ -4,14 +4,18 @@ throughput (T = 1024) and a 512-token parallel prefill; well under 10 minutes on
   python -m ctr_jax.bench --config=configs/bench/gpu.py
 
 (launch/bench_gpu.sh runs exactly this.) Writes the 'gpu' section of docs/benchmarks.md. The
-PyTorch peer is off: the `bench` extra pins the CPU build of torch.
+PyTorch peer is off: the `bench` extra pins the CPU build of torch. `:runlocal` (accepted by
+every config) runs tiny.py's toy sizes on a CPU instead, printed only.
 """
 
 from configs.bench import base
+from configs.bench import tiny
+from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  del arg
+  if config_lib.parse_arg(arg, runlocal=False).runlocal:  # a CPU smoke run: tiny.py's sizes
+    return tiny.get_config()
   c = base.get_base('gpu', 'python -m ctr_jax.bench --config=configs/bench/gpu.py')
   c.output = 'docs/benchmarks.md'
   c.sections = 'train,decode,prefill'

@@ -1,14 +1,15 @@
 """Every bench section at toy sizes, in about a minute on a CPU: the test suite's smoke run and
-the syntax check of launch/bench_gpu.sh.
+the syntax check of launch/bench_gpu.sh. `:runlocal` (accepted by every config) changes nothing.
 
   python -m ctr_jax.bench --config=configs/bench/tiny.py --output=/tmp/ctr_bench/benchmarks.md
 """
 
 from configs.bench import base
+from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  del arg
+  config_lib.parse_arg(arg, runlocal=False)  # runlocal: already toy sizes, no change
   c = base.get_base('tiny', 'python -m ctr_jax.bench --config=configs/bench/tiny.py')
   c.warmup = 1
   c.repeats = 1

@@ -9,8 +9,9 @@ preference:
 2. those `urlsf_subset*` files already extracted (also `.tar`, as some mirrors ship);
 3. the `.txt` documents already extracted (searched recursively).
 
-Archives are read as streams, never extracted to disk. One example per `.txt`
-document; a stable hash of the document's name sends ~0.5% of them to `validation`.
+Archives are read as streams, never extracted to disk; a document is read whole, so one
+above `MAX_DOCUMENT_BYTES` (far beyond any real page) is skipped with a warning rather than
+exhausting memory on a damaged or hostile archive. One example per `.txt` document; a stable hash of the document's name sends ~0.5% of them to `validation`.
 Each split is a full pass over the input, so preparing reads the archive twice.
 """
 
@@ -18,6 +19,7 @@ import os
 import tarfile
 from collections.abc import Iterator
 
+from absl import logging
 from etils import epath
 
 from ctr_jax.data import common
@@ -29,6 +31,16 @@ SUBSET_PATTERNS = ('urlsf_subset*.xz', 'urlsf_subset*.tar', 'openwebtext/urlsf_s
 EXPECTED = (f'{ARCHIVE_NAME}, or its extracted urlsf_subset*.xz files, or their extracted '
             '.txt documents')
 SOURCE = 'https://skylion007.github.io/OpenWebTextCorpus/'
+# OpenWebText's largest pages are a few MB; a bigger member is damage, not text.
+MAX_DOCUMENT_BYTES = 64 * 2**20
+
+
+def _too_big(name: str, size: int) -> bool:
+  if size <= MAX_DOCUMENT_BYTES:
+    return False
+  logging.warning('openwebtext: skipping %s: %d bytes, above MAX_DOCUMENT_BYTES=%d', name, size,
+                  MAX_DOCUMENT_BYTES)
+  return True
 
 
 def _is_subset(name: str) -> bool:
@@ -46,6 +58,8 @@ def _subset_documents(fileobj, subset: str) -> Iterator[tuple[str, str]]:
   with tarfile.open(fileobj=fileobj, mode='r|*') as inner:
     for member in inner:
       if member.isfile() and member.name.endswith('.txt'):
+        if _too_big(f'{subset}/{member.name}', member.size):
+          continue
         f = inner.extractfile(member)
         if f is not None:
           yield f'{subset}/{os.path.basename(member.name)}', _decode(f.read())
@@ -86,8 +100,10 @@ def iter_documents(manual_dir: str | os.PathLike) -> Iterator[tuple[str, str]]:
         yield from _subset_documents(f, os.path.basename(path).split('.')[0])
   else:
     for path in paths:
+      name = os.path.relpath(path, manual_dir).replace(os.sep, '/')
+      if _too_big(path, os.path.getsize(path)):
+        continue
       with open(path, 'rb') as f:
-        name = os.path.relpath(path, manual_dir).replace(os.sep, '/')
         yield name, _decode(f.read())
 
 

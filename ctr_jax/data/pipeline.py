@@ -2,8 +2,9 @@
 
 Each split is tokenized once into a flat int32 stream (documents joined by the EOT token)
 and cached as `<data_dir>/tokenizers/<name>_<vocab>_<split>_<tokenizer hash>.npy`, loaded
-memory-mapped. The stream is cut into consecutive, non-overlapping windows of `T + 1`
-tokens; the trainer uses `window[:-1]` as inputs and `window[1:]` as targets.
+memory-mapped; a damaged cache file is deleted and written again. The stream is cut into
+consecutive, non-overlapping windows of `T + 1` tokens; the trainer uses `window[:-1]` as
+inputs and `window[1:]` as targets.
 
 Training batches come from a grain `MapDataset`: window indices are shuffled by seed
 (reshuffled every epoch), repeated forever and grouped into *global* batches; each
@@ -23,6 +24,7 @@ import struct
 import tempfile
 from collections.abc import Iterator, Sequence
 
+from absl import logging
 import grain
 import numpy as np
 import tensorflow_datasets as tfds
@@ -114,10 +116,29 @@ def _tokens(name: str, split: str, source, tok, data_dir: str) -> np.ndarray:
     tok_hash = hashlib.sha256(f.read()).hexdigest()[:12]
   path = os.path.join(data_dir, 'tokenizers',
                       f'{name}_{tok.vocab_size}_{split}_{tok_hash}.npy')
-  if not os.path.exists(path):
-    _check_writable(data_dir)
-    _write_tokens(path, source, tok)
-  return np.load(path, mmap_mode='r')
+  if os.path.exists(path):
+    try:
+      return _read_tokens(path)
+    except tokenizer_lib.DamagedCacheError as e:  # derived data: build it again
+      logging.warning('%s; deleting it and tokenizing the %s split again', e, split)
+      os.remove(path)
+  _check_writable(data_dir)
+  _write_tokens(path, source, tok)
+  return _read_tokens(path)
+
+
+def _read_tokens(path: str) -> np.ndarray:
+  """The memory-mapped int32 token vector of a cache file; DamagedCacheError if unreadable."""
+  try:
+    tokens = np.load(path, mmap_mode='r')
+  except (ValueError, OSError, EOFError) as e:  # truncated: "mmap length is greater than ..."
+    raise tokenizer_lib.DamagedCacheError(
+        f'the token cache {path} is damaged ({" ".join(str(e).split())})') from None
+  if tokens.dtype != np.dtype('<i4') or tokens.ndim != 1:
+    raise tokenizer_lib.DamagedCacheError(
+        f'the token cache {path} holds {tokens.dtype} of shape {tokens.shape}, not an int32 '
+        'vector')
+  return tokens
 
 
 def load(name: str,

@@ -3,15 +3,16 @@
 The tokenizer for dataset `name` and vocabulary size `V` lives in
 `<data_dir>/tokenizers/<name>_<V>.json`. It is trained once, on at most
 `max_train_bytes` (50 MB by default) of training-split text taken in stored order,
-and reused afterwards. The training text order is the TFDS record order, which is
-itself a hash-shuffle of the documents, so the cap samples the whole corpus rather
-than its first files.
+and reused afterwards; a damaged cache file is deleted and trained again. The training
+text order is the TFDS record order, which is itself a hash-shuffle of the documents,
+so the cap samples the whole corpus rather than its first files.
 """
 
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from absl import logging
 import numpy as np
 import tokenizers
 from tokenizers import decoders
@@ -76,8 +77,21 @@ class Tokenizer:
                           skip_special_tokens=skip_special_tokens)
 
 
+class DamagedCacheError(ValueError):
+  """A cache file that cannot be read (truncated, overwritten): derived data, so rebuildable."""
+
+
+def read_hf_tokenizer(path: str) -> tokenizers.Tokenizer:
+  """`tokenizers.Tokenizer.from_file`, whose bare `Exception` becomes a ValueError naming `path`."""
+  try:
+    return tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # pylint: disable=broad-except  (the library raises bare Exception)
+    raise DamagedCacheError(f'{path} is not a readable tokenizer file ({" ".join(str(e).split())})'
+                            ) from None
+
+
 def _load(path: str, vocab_size: int) -> Tokenizer:
-  hf = tokenizers.Tokenizer.from_file(path)
+  hf = read_hf_tokenizer(path)
   eot_id = hf.token_to_id(EOT_TOKEN)
   if eot_id is None or hf.get_vocab_size() > vocab_size:
     raise ValueError(f'{path} is not a tokenizer written by ctr_jax.data.tokenizer for '
@@ -134,6 +148,15 @@ def get_tokenizer(dataset_name: str,
     raise ValueError(f'vocab_size={vocab_size} is too small for a byte-level BPE; it must be '
                      f'at least {MIN_VOCAB_SIZE} (256 bytes plus the end-of-text token).')
   path = tokenizer_path(dataset_name, vocab_size, data_dir)
+  if os.path.exists(path):
+    try:
+      return _load(path, vocab_size)
+    except DamagedCacheError as e:
+      if texts is None:
+        raise DamagedCacheError(f'{e}; delete it to retrain, or pass the training texts') from None
+      # A cache: derived data. Retrain (training is deterministic, so token caches still match).
+      logging.warning('%s; deleting it and training the tokenizer again', e)
+      os.remove(path)
   if not os.path.exists(path):
     if texts is None:
       raise ValueError(f'No cached tokenizer at {path} and no training text was given.')

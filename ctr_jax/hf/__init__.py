@@ -29,14 +29,13 @@ architecture is one entry in each: `config_mapping.ARCHITECTURES` / `CONFIGS` an
 `param_mapping.PARAMS`.
 """
 
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import numpy as safetensors_numpy
 
+from ctr_jax import hf_checks
 from ctr_jax import models
 from ctr_jax.hf.config_mapping import model_config_from_hf
 from ctr_jax.hf.param_mapping import convert_params
@@ -50,8 +49,7 @@ def read_config(directory) -> dict:
   if not os.path.exists(path):
     raise ValueError(f'{directory} has no config.json; expected a Hugging Face checkpoint '
                      'directory')
-  with open(path) as f:
-    return json.load(f)
+  return hf_checks.read_config(path)
 
 
 def read_tensors(directory) -> dict[str, np.ndarray]:
@@ -60,8 +58,7 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
   index = os.path.join(directory, 'model.safetensors.index.json')
   single = os.path.join(directory, 'model.safetensors')
   if os.path.exists(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)['weight_map'].values()))
+    files = hf_checks.shard_files(directory, index)
   elif os.path.exists(single):
     files = ['model.safetensors']
   else:
@@ -69,7 +66,7 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
                      'model.safetensors.index.json')
   tensors = {}
   for name in files:
-    tensors.update(safetensors_numpy.load_file(os.path.join(directory, name)))
+    tensors.update(hf_checks.load_safetensors(directory, name))
   return tensors
 
 
@@ -78,8 +75,7 @@ def load_tokenizer(directory):
   path = os.path.join(os.fspath(directory), 'tokenizer.json')
   if not os.path.exists(path):
     return None
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  return tokenizers.Tokenizer.from_file(path)
+  return hf_checks.read_tokenizer(path)
 
 
 def load(directory, *, dtype: str = 'float32', param_dtype: str | None = None):
@@ -90,7 +86,8 @@ def load(directory, *, dtype: str = 'float32', param_dtype: str | None = None):
   leaf against the model's own.
   """
   hf = read_config(directory)
-  cfg = model_config_from_hf(hf, dtype=dtype, param_dtype=param_dtype)
+  with hf_checks.naming(os.path.join(os.fspath(directory), 'config.json')):
+    cfg = model_config_from_hf(hf, dtype=dtype, param_dtype=param_dtype)
   model = models.build(cfg)
   params = convert_params(hf, read_tensors(directory), model.spec)
   expected = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
