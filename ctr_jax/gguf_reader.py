@@ -44,7 +44,8 @@ _BLOCK_NAMES = {
                'attn_k': 'self_attn.k_proj', 'attn_v': 'self_attn.v_proj',
                'attn_output': 'self_attn.o_proj', 'attn_q_norm': 'self_attn.q_norm',
                'attn_k_norm': 'self_attn.k_norm', 'post_attention_norm': 'post_attention_layernorm',
-               'ffn_norm': 'pre_feedforward_layernorm', 'post_ffw_norm': 'post_feedforward_layernorm',
+               'ffn_norm': 'pre_feedforward_layernorm',
+               'post_ffw_norm': 'post_feedforward_layernorm',
                'ffn_gate': 'mlp.gate_proj', 'ffn_up': 'mlp.up_proj', 'ffn_down': 'mlp.down_proj'},
     'llama': {'attn_norm': 'input_layernorm', 'attn_q': 'self_attn.q_proj',
               'attn_k': 'self_attn.k_proj', 'attn_v': 'self_attn.v_proj',
@@ -134,8 +135,8 @@ def _gemma3_layer_types(metadata: dict, depth: int) -> list[str]:
   return ['sliding_attention' if s else 'full_attention' for s in sliding]
 
 
-def hf_config(metadata: dict, tensor_names) -> dict:
-  """The Hugging Face config.json dict that a GGUF file's metadata describes."""
+def hf_config(metadata: dict, tensors: dict) -> dict:
+  """The Hugging Face config.json dict that a GGUF file's metadata (and tensors) describe."""
   arch = _check_architecture(metadata)
   key = lambda name, default=None: _scalar(metadata, f'{arch}.{name}', default)
   width, heads, depth = int(key('embedding_length')), int(key('attention.head_count')), int(
@@ -151,7 +152,9 @@ def hf_config(metadata: dict, tensor_names) -> dict:
   if scaling not in ('none', 'linear'):
     raise ValueError(f"GGUF {arch}.rope.scaling.type {scaling!r}; only 'none' and 'linear' "
                      'have an exact equivalent')
-  vocab = metadata.get(f'{arch}.vocab_size') or len(metadata.get('tokenizer.ggml.tokens', []))
+  if 'token_embd.weight' not in tensors:
+    raise ValueError("GGUF file has no 'token_embd.weight' tensor")
+  vocab = np.shape(tensors['token_embd.weight'])[0]  # the model's truth; files agree with it
   config = dict(
       vocab_size=int(vocab), hidden_size=width, num_hidden_layers=depth,
       intermediate_size=int(key('feed_forward_length')), num_attention_heads=heads,
@@ -159,7 +162,7 @@ def hf_config(metadata: dict, tensor_names) -> dict:
       rms_norm_eps=_float32_value(key('attention.layer_norm_rms_epsilon')),
       max_position_embeddings=int(key('context_length')),
       rope_theta=float(key('rope.freq_base', 10000.0)),
-      tie_word_embeddings='output.weight' not in tensor_names,
+      tie_word_embeddings='output.weight' not in tensors,
       sliding_window=int(metadata.get(f'{arch}.attention.sliding_window', 0) or 0) or None)
   if scaling == 'linear':
     config['rope_scaling'] = {'rope_type': 'linear',

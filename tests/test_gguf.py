@@ -399,18 +399,30 @@ needs_packages = pytest.mark.skipif(os.environ.get('CTR_JAX_PRETRAINED') != '1',
                                     reason='set CTR_JAX_PRETRAINED=1 (and install the packages)')
 
 
+PASSAGE = ('The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, '
+           'France. It is named after the engineer Gustave Eiffel, whose company designed and built the '
+           'tower from 1887 to 1889.')
+
+
 @needs_packages
 @pytest.mark.parametrize('name', ['smollm2_135m', 'gemma3_270m'])
-def test_pretrained_says_paris(name):
-  from ctr_jax import decode  # pylint: disable=g-import-not-at-top
+def test_pretrained_reads_english(name):
+  # Measured: mean NLL 2.04 (SmolLM2) / 1.99 (Gemma 3) nats on a longer version of PASSAGE;
+  # next token after the prompt: ' Paris' first (SmolLM2) / third after ' the', ' a' (Gemma 3).
   from ctr_jax.pretrained import pretrained  # pylint: disable=g-import-not-at-top
   try:
     model, variables, tokenizer = pretrained(name)
   except ValueError as e:
     pytest.skip(str(e))
+  apply = jax.jit(model.apply)
+  ids = tokenizer.encode(PASSAGE).ids
+  logits = np.asarray(apply(variables, jnp.asarray([ids]))[0], np.float64)
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)
+                         ) - logits.max(-1, keepdims=True)
+  assert -logp[np.arange(len(ids) - 1), ids[1:]].mean() < 3.0
   prompt = tokenizer.encode('The capital of France is').ids
-  out = decode.generate(model, variables, jnp.asarray([prompt]), 8, jax.random.key(0))
-  assert 'Paris' in tokenizer.decode(np.asarray(out)[0, len(prompt):].tolist())
+  top = np.argsort(-np.asarray(apply(variables, jnp.asarray([prompt]))[0, -1]))[:3]
+  assert ' Paris' in [tokenizer.decode([int(i)]) for i in top]
 
 
 def test_pretrained_names():
