@@ -17,25 +17,43 @@ import math
 from ctr_jax import models
 
 
-def _transformer_cost(depth: int, width: int, vocab_size: int, mlp_ratio: int) -> int:
-  return models.flops_per_token(models.model_config(
-      kind='transformer', depth=depth, width=width, num_heads=1, vocab_size=vocab_size,
-      mlp_ratio=mlp_ratio))
+def cost(kind: str, depth: int, width: int, vocab_size: int, mlp_ratio: int = 4,
+         correction: str = 'add') -> int:
+  """Per-token cost of a model of this shape (`models.flops_per_token`)."""
+  fields = dict(kind=kind, depth=depth, width=width, num_heads=1, vocab_size=vocab_size,
+                mlp_ratio=mlp_ratio)
+  if kind == 'context_ready':
+    fields['correction'] = correction
+  return models.flops_per_token(models.model_config(**fields))
 
 
-def _row(depth, width, heads, cost, target):
+def nearest_width(kind: str, depth: int, target: float, vocab_size: int, num_heads: int,
+                  mlp_ratio: int = 4, correction: str = 'add') -> int:
+  """The width, a multiple of 2 * num_heads (even head dimension, for RoPE), whose per-token
+  cost at this depth is nearest to `target`."""
+  step = 2 * num_heads
+  # The C^2 coefficient a of a C^2 + V C, read off a width-2, V = 1 model.
+  per_width_sq = (cost(kind, depth, 2, 1, mlp_ratio, correction) - 2) / 4
+  # a C^2 + V C = target, solved for C and rounded both ways to the grid.
+  exact = (-vocab_size + math.sqrt(vocab_size ** 2 + 4 * per_width_sq * target)) / (
+      2 * per_width_sq)
+  candidates = {max(step, step * math.floor(exact / step)), step * math.ceil(exact / step)}
+  return min(candidates, key=lambda c: (abs(cost(kind, depth, c, vocab_size, mlp_ratio,
+                                                 correction) / target - 1), c))
+
+
+def _row(depth, width, heads, flops, target):
   return {'kind': 'transformer', 'depth': depth, 'width': width, 'num_heads': heads,
-          'flops_per_token': cost, 'target_flops_per_token': target, 'ratio': cost / target}
+          'flops_per_token': flops, 'target_flops_per_token': target, 'ratio': flops / target}
 
 
 def matched_transformers(crt_cfg, *, depths=(), widths=(), tolerance: float = 0.03,
                          num_heads: int = 0) -> list[dict]:
   """Transformers within `tolerance` of `crt_cfg`'s per-token cost, same V and MLP ratio.
 
-  For each depth N in `depths` the width C solves N·12C² + VC = cost (rounded to a multiple of
-  2·heads, so the head dimension stays even for RoPE); for each width in `widths` the depth N
-  does. Rows that cannot get within the tolerance are left out. Each row holds depth, width,
-  num_heads, both costs and their ratio.
+  For each depth N in `depths` the width C solves N·12C² + VC = cost (`nearest_width`); for each
+  width in `widths` the depth N does. Rows that cannot get within the tolerance are left out.
+  Each row holds depth, width, num_heads, both costs and their ratio.
   """
   spec = models.spec_of(crt_cfg)
   if not spec.is_context_ready:
@@ -46,23 +64,21 @@ def matched_transformers(crt_cfg, *, depths=(), widths=(), tolerance: float = 0.
   ratio = spec.mlp_dim // spec.width
   target = models.flops_per_token(spec)
   heads = num_heads or spec.num_heads
-  v, per_layer = spec.vocab_size, 4 + 2 * ratio  # N·(4 + 2r)C² + VC
+  v = spec.vocab_size
   rows = []
   for n in depths:
-    exact = (-v + math.sqrt(v * v + 4 * n * per_layer * target)) / (2 * n * per_layer)
-    step = 2 * heads
-    candidates = {max(step, step * math.floor(exact / step)), step * math.ceil(exact / step)}
-    best = min(((_transformer_cost(n, c, v, ratio), c) for c in candidates),
-               key=lambda cost_width: abs(cost_width[0] / target - 1))
-    if abs(best[0] / target - 1) <= tolerance:
-      rows.append(_row(n, best[1], heads, best[0], target))
+    c = nearest_width('transformer', n, target, v, heads, ratio)
+    flops = cost('transformer', n, c, v, ratio)
+    if abs(flops / target - 1) <= tolerance:
+      rows.append(_row(n, c, heads, flops, target))
   for c in widths:
     if c % (2 * heads):
       raise ValueError(f'width {c} is not a multiple of 2 * num_heads = {2 * heads}')
-    n = max(1, round((target - v * c) / (per_layer * c * c)))
-    cost = _transformer_cost(n, c, v, ratio)
-    if abs(cost / target - 1) <= tolerance:
-      rows.append(_row(n, c, heads, cost, target))
+    per_layer = cost('transformer', 1, c, 1, ratio) - c  # 12 C^2 per layer
+    n = max(1, round((target - v * c) / per_layer))
+    flops = cost('transformer', n, c, v, ratio)
+    if abs(flops / target - 1) <= tolerance:
+      rows.append(_row(n, c, heads, flops, target))
   return rows
 
 

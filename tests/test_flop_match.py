@@ -53,3 +53,14 @@ def test_rejects_transformer_and_reports_table():
                             vocab_size=2048)
   table = flop_match.cost_table(flop_match.matched_transformers(crt, depths=(3,)))
   assert table.count('\n') == 3 and '| N=3 C=' in table
+
+
+def test_nearest_width_of_a_context_ready_model():
+  # D = 3 at ~the d2_c144 cost: 44 C^2 + 2048 C within a grid step of the target.
+  target = _paper_cost('context_ready', 2, 144, 2048)
+  c = flop_match.nearest_width('context_ready', 3, target, 2048, num_heads=4)
+  assert c % 8 == 0
+  errors = {w: abs(_paper_cost('context_ready', 3, w, 2048) / target - 1)
+            for w in (c - 8, c, c + 8)}
+  assert errors[c] == min(errors.values())
+  assert flop_match.cost('context_ready', 3, c, 2048) == _paper_cost('context_ready', 3, c, 2048)

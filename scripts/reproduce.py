@@ -1,0 +1,62 @@
+"""Reproduces the CRT paper's claims at CPU scale: one command per study (docs/reproduction.md).
+
+  python scripts/reproduce.py --study=table1 --seeds=3    # train what is missing, then report
+  python scripts/reproduce.py --study=k_min --seeds=3
+  python scripts/reproduce.py --study=table1 --report_only # re-read finished runs only
+  python scripts/reproduce.py --list                       # every study's runs and commands
+
+Each run is `python -m ctr_jax.main --config=configs/repro.py:...` in its own workdir under
+--root; finished runs are skipped and an interrupted one resumes from its checkpoint when the
+study is run again. A study writes docs/reproduction/NAME.json (every run: its commands, config,
+seed, steps, tokens, wall time, final and per-evaluation validation loss/PPL) and regenerates its
+section of docs/reproduction.md (table, figure, one-line verdict). Numbers in that doc come only
+from those files. The scale (V = 2,048 on the KJV corpus, C = 64-320, T = 64-256, about a million
+training tokens per run) is stated in each section.
+"""
+
+import dataclasses
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import repro_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+import repro_studies  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, repro_lib.ROOT)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('study', None, f'One of {sorted(repro_studies.STUDIES)}.')
+flags.DEFINE_integer('seeds', 3, 'Seeds per group (0, 1, ...).')
+flags.DEFINE_string('root', os.path.join(repro_lib.ROOT, 'workdirs', 'repro'), 'Workdirs root.')
+flags.DEFINE_string('docs', os.path.join(repro_lib.ROOT, 'docs'), 'Where the report goes.')
+flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
+flags.DEFINE_bool('list', False, 'Print every run of --study (or of all studies) and exit.')
+flags.DEFINE_enum('scale', 'cpu', sorted(repro_studies.SCALES), 'Sizes and steps (tiny: tests).')
+flags.DEFINE_multi_string('extra', [], 'Extra flags for every run, e.g. '
+                          '--extra=--config.data.data_dir=/data (recorded in each command).')
+
+
+def main(argv):
+  del argv
+  scale = repro_studies.SCALES[FLAGS.scale]
+  names = [FLAGS.study] if FLAGS.study else sorted(repro_studies.STUDIES)
+  for name in names:
+    if name not in repro_studies.STUDIES:
+      raise app.UsageError(f'--study={name!r}: allowed {sorted(repro_studies.STUDIES)}')
+  if FLAGS.list:
+    for name in names:
+      for run in repro_studies.STUDIES[name].runs(scale, FLAGS.seeds):
+        print(' '.join(run.command(FLAGS.root, tuple(FLAGS.extra))))
+    return
+  if not FLAGS.study:
+    raise app.UsageError('--study is required (or --list)')
+  report = repro_studies.run_study(FLAGS.study, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
+                                   tuple(FLAGS.extra), train=not FLAGS.report_only)
+  print(report)
+
+
+if __name__ == '__main__':
+  app.run(main)

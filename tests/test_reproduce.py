@@ -1,0 +1,78 @@
+"""scripts/reproduce.py end to end at the tiny scale (seconds per run), and its statistics."""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+
+import repro_lib  # noqa: E402
+import repro_studies  # noqa: E402
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('data'))
+  from ctr_jax.data import pipeline
+  pipeline.load('kjv_bible', data_dir=path, vocab_size=320)
+  return path
+
+
+def _record(group, seed, ppl):
+  return {'group': group, 'seed': seed, 'final': {'val_ppl': ppl}}
+
+
+def test_compare_is_paired_by_seed_and_needs_two_sigma():
+  a = [_record('a', s, p) for s, p in enumerate([10.0, 11.0, 12.0])]
+  b = [_record('b', s, p) for s, p in enumerate([11.0, 12.1, 12.9])]  # deltas -1, -1.1, -0.9
+  c = repro_lib.compare(a, b, repro_lib.final_ppl)
+  assert c['verdict'] == 'holds' and c['n'] == 3
+  assert c['delta_mean'] == pytest.approx(-1.0) and c['delta_std'] == pytest.approx(0.1)
+  assert repro_lib.compare(b, a, repro_lib.final_ppl)['verdict'] == 'does not hold'
+  noisy = [_record('b', s, p) for s, p in enumerate([12.0, 10.5, 13.0])]  # deltas -2, .5, -1
+  assert repro_lib.compare(a, noisy, repro_lib.final_ppl)['verdict'] == 'inconclusive'
+  assert repro_lib.compare(a[:1], b[:1], repro_lib.final_ppl)['verdict'] == 'inconclusive'
+  assert math.isnan(repro_lib.mean_std([3.0])[1])
+
+
+def test_table1_models_are_flop_matched_at_the_cpu_scale():
+  models = repro_studies.table1_models(repro_studies.SCALES['cpu'])
+  assert {(m['kind'], m['depth']) for m in models} == (
+      {('context_ready', d) for d in (1, 2, 3)} | {('transformer', n) for n in (2, 3, 4, 6)})
+  assert all(m['matched'] and abs(m['ratio'] - 1) <= 0.03 for m in models)
+
+
+def test_replace_section_keeps_the_rest(tmp_path):
+  docs = str(tmp_path)
+  repro_lib.replace_section('a', 'first', docs)
+  repro_lib.replace_section('b', 'second', docs)
+  repro_lib.replace_section('a', 'third', docs)
+  text = open(os.path.join(docs, 'reproduction.md')).read()
+  assert 'first' not in text and text.index('third') < text.index('second')
+
+
+@pytest.mark.slow
+def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path):
+  root, docs = str(tmp_path / 'runs'), str(tmp_path / 'docs')
+  extra = (f'--config.data.data_dir={data_dir}',)
+  scale = repro_studies.SCALES['tiny']
+  report = repro_studies.run_study('k_min', scale, 2, root, docs, extra)
+  assert '**Verdict:**' in report and '6/6 runs finished' in report
+  with open(os.path.join(docs, 'reproduction', 'k_min.json')) as f:
+    results = json.load(f)
+  runs = results['runs']
+  assert len(runs) == 6 and {r['seed'] for r in runs} == {0, 1}
+  for r in runs:
+    assert r['steps'] == scale.steps and r['tokens'] == scale.steps * scale.batch * scale.seq_len
+    assert r['command'].startswith('python -m ctr_jax.main --config=configs/repro.py:')
+    assert data_dir in r['command'] and len(r['invocations']) == 1
+    assert r['evals'] and 'val_ppl_sequential' in r['final']
+  # A second call trains nothing (every run finished) and regenerates the same section.
+  again = repro_studies.run_study('k_min', scale, 2, root, docs, extra)
+  assert again == report
+  with open(os.path.join(root, 'k_min', runs[0]['name'], 'invocations.jsonl')) as f:
+    assert len(f.readlines()) == 1
