@@ -83,8 +83,11 @@ def load(directory, *, dtype: str = 'float32', param_dtype: str | None = None):
 
   `dtype` is the compute dtype and `param_dtype` (default: dtype) the parameters' dtype;
   'float32' reproduces the checkpoint's float32 logits. The parameter tree is checked leaf by
-  leaf against the model's own.
+  leaf against the model's own. A path ending in `.gguf` is read by `ctr_jax.gguf_reader`.
   """
+  if os.fspath(directory).endswith('.gguf'):
+    from ctr_jax import gguf_reader  # pylint: disable=g-import-not-at-top  (it imports hf)
+    return gguf_reader.load(directory, dtype=dtype, param_dtype=param_dtype)
   hf = read_config(directory)
   with hf_checks.naming(os.path.join(os.fspath(directory), 'config.json')):
     cfg = model_config_from_hf(hf, dtype=dtype, param_dtype=param_dtype)

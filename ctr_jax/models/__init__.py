@@ -26,7 +26,7 @@ __all__ = [
     'SIZES', 'ModelSpec', 'decode_size', 'default_model_config', 'model_config',
     'saved_model_config', 'validate', 'validate_not_moved', 'ContextReadyLM', 'TransformerLM',
     'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of', 'count_params',
-    'flops_per_token',
+    'flops_per_token', 'pretrained',
 ]
 
 
@@ -62,3 +62,9 @@ def flops_per_token(cfg) -> int:
     total += {'add': 2, 'token_blind': 2, 'tied': 2, 'concat': 3, 'none': 0}[s.correction] * (
         c * s.mlp_dim)
   return total
+
+
+def pretrained(name: str, **kwargs):
+  """(model, variables, tokenizer) of a packaged GGUF model; see ctr_jax/pretrained.py."""
+  from ctr_jax import pretrained as _pretrained  # pylint: disable=g-import-not-at-top
+  return _pretrained.pretrained(name, **kwargs)
