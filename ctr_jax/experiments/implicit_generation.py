@@ -87,7 +87,6 @@ def greedy_history(model, variables, prompts: list[list[int]], num_tokens: int):
   tokens = np.zeros((len(prompts), lengths.max() + num_tokens), np.int32)
   for i, p in enumerate(prompts):
     tokens[i, :len(p)] = p
-  model, variables = algorithm.in_out(model, variables)
   baseline = jax.jit(lambda v, t, last: algorithm.record(model, v, t, last, 1)[1])
   for step in range(num_tokens):
     last = lengths - 1 + step

@@ -14,28 +14,13 @@ so pass 2 applies it at every query position; earlier query tokens attend to eac
 passes, and only the last position is guaranteed to match.
 """
 
-import dataclasses
 
 import jax.numpy as jnp
 
 from ctr_jax import decode
 from ctr_jax.implicit import blocks
-from ctr_jax.models import layers
 
 LOOPS = ('closed', 'open')
-
-
-def in_out(model, variables):
-  """The same model with [in, out] dense kernels ('kernel'): a whole-tree conversion.
-
-  The functions here read dense layers in either layout (`ctr_jax.models.layers`) and need no
-  conversion; this is kept only for `ctr_jax.implicit.generation`, which still calls it once per
-  greedy history (harmless, and removable there).
-  """
-  if model.spec.kernel_layout == 'in_out':
-    return model, variables
-  model = model.clone(spec=dataclasses.replace(model.spec, kernel_layout='in_out'))
-  return model, {**variables, 'params': layers.to_kernel_layout(variables['params'], 'in_out')}
 
 
 # The model's stages (ctr_jax/models/lm.py), each one `model.apply` on the variables.
