@@ -14,7 +14,6 @@ so pass 2 applies it at every query position; earlier query tokens attend to eac
 passes, and only the last position is guaranteed to match.
 """
 
-
 import jax.numpy as jnp
 
 from ctr_jax import decode
