@@ -72,13 +72,18 @@ def test_a_new_family_is_one_registered_class(monkeypatch):
 
 
 def test_family_traits_reproduce_the_former_switches():
-  traits = {name: (cls.norm_kind, cls.default_activation, cls.scale_embeddings, cls.head_bias)
+  traits = {name: (cls.norm_kind, cls.default_activation, cls.scale_embeddings, cls.head_bias,
+                   cls.routed_experts, cls.learned_positions)
             for name, cls in blocks.BLOCK_FAMILIES.items()}
-  assert traits == {'gpt': ('layer', 'gelu', False, True),
-                    'gemma': ('rms_offset', 'gelu_tanh', True, False),
-                    'llama': ('rms', 'silu', False, False),
-                    'falcon': ('layer', 'gelu', False, False),
-                    'moe': ('rms', 'silu', False, False)}
+  assert traits == {'gpt': ('layer', 'gelu', False, True, False, True),
+                    'gemma': ('rms_offset', 'gelu_tanh', True, False, False, False),
+                    'llama': ('rms', 'silu', False, False, False, False),
+                    'falcon': ('layer', 'gelu', False, False, False, False),
+                    'moe': ('rms', 'silu', False, False, True, False)}
+  with pytest.raises(ValueError, match='model.experts_per_token'):
+    models.model_config(block='moe', num_experts=2, experts_per_token=3)
+  with pytest.raises(ValueError, match=r"model.positions: 'learned' .*\['gpt'\]"):
+    models.model_config(block='llama', positions='learned')
   assert models.BLOCKS == tuple(blocks.BLOCK_FAMILIES)
 
 

@@ -54,6 +54,8 @@ class _FamilyBlock(nn.Module):
     default_activation  the MLP nonlinearity when `spec.activation` is '' (layers.ACTIVATIONS)
     scale_embeddings    token embeddings times sqrt(C) unless `spec.embed_scale` is set
     head_bias           an untied head has a bias
+    routed_experts      its MLP routes each token to `experts_per_token` of `num_experts`
+    learned_positions   accepts `positions='learned'` (a position table instead of RoPE)
   """
   spec: ModelSpec
   layer_index: int = 0
@@ -62,6 +64,8 @@ class _FamilyBlock(nn.Module):
   default_activation = 'silu'
   scale_embeddings = False
   head_bias = False
+  routed_experts = False
+  learned_positions = False
 
   def __call__(self, x, positions, cache=None, cache_index=None, deterministic=True):
     v, new_cache = self.attend(x, positions, cache, cache_index, deterministic)
@@ -78,6 +82,7 @@ class GptBlock(_FamilyBlock):
   norm_kind = 'layer'
   default_activation = 'gelu'
   head_bias = True
+  learned_positions = True  # GPT-2's position table
 
   def setup(self):
     self.ln_attn = norm(self.spec)
@@ -163,6 +168,7 @@ class LlamaBlock(_FamilyBlock):
 
 class MoeBlock(LlamaBlock):
   """Mixtral: the Llama block with its MLP replaced by top-k routed SwiGLU experts."""
+  routed_experts = True
 
   def make_mlp(self):
     return MoeMlp(self.spec)

@@ -34,6 +34,12 @@ def block_names() -> tuple[str, ...]:
   return tuple(blocks.BLOCK_FAMILIES)
 
 
+def _family(name: str):
+  """The block class registered under `name` (its traits decide the family-specific checks)."""
+  from ctr_jax.models import blocks  # pylint: disable=g-import-not-at-top
+  return blocks.BLOCK_FAMILIES[name]
+
+
 # Paper sizes (reference section 6.2: the ~85M block-FLOP grid; 16 heads everywhere) and a few
 # CPU-sized names. `d` = context-ready unit of D layers, `t` = plain N-layer transformer.
 # Any other `d<D>_c<C>` / `t<N>_c<C>` decodes with 16 heads (or `_h<H>` appended, e.g. d2_c256_h4).
@@ -186,7 +192,7 @@ def validate(cfg) -> None:
          f'got {cfg.correction!r}, allowed {list(CORRECTIONS)}')
   _check(cfg.rope_base > 0, 'rope_base', 'must be > 0')
   _check(cfg.sliding_window >= 0, 'sliding_window', 'must be >= 0 (0 = global attention)')
-  if cfg.block == 'moe':
+  if _family(cfg.block).routed_experts:
     _check(1 <= cfg.experts_per_token <= cfg.num_experts, 'experts_per_token',
            f'must be in [1, num_experts={cfg.num_experts}]')
   _validate_family_fields(cfg)
@@ -213,8 +219,9 @@ def _validate_family_fields(cfg) -> None:
   _check(get('parallel_norms') in (1, 2), 'parallel_norms', 'must be 1 or 2')
   _check(get('kernel_layout') in KERNEL_LAYOUTS, 'kernel_layout',
          f"got {get('kernel_layout')!r}, allowed {list(KERNEL_LAYOUTS)}")
-  _check(get('positions') != 'learned' or cfg.block == 'gpt', 'positions',
-         f"'learned' positions are only wired into the 'gpt' block, got block={cfg.block!r}")
+  _check(get('positions') != 'learned' or _family(cfg.block).learned_positions, 'positions',
+         f"'learned' positions are only wired into the families "
+         f"{[n for n in block_names() if _family(n).learned_positions]}, got block={cfg.block!r}")
 
 
 @dataclasses.dataclass(frozen=True)
