@@ -21,3 +21,12 @@ jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 @pytest.fixture
 def rng():
   return jax.random.key(0)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  """The embedded corpus and a 320-token tokenizer, built once per test module."""
+  path = str(tmp_path_factory.mktemp('data'))
+  from ctr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  pipeline.load('kjv_bible', data_dir=path, vocab_size=320)
+  return path

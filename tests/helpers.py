@@ -1,5 +1,9 @@
 """Small shared helpers for tests."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 
@@ -100,3 +104,16 @@ def family_lm(block, *, dtype='float32', depth=2, seed=0, kind='transformer', ba
       return x + noise if is_norm else x
     return {'params': jax.tree_util.tree_map_with_path(perturb, params)}
   return model, init(jax.random.key(seed)), tokens
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(args, cwd=ROOT, env_extra=None, timeout=240) -> subprocess.CompletedProcess:
+  """`python -m ctr_jax.main ARGS` as a user runs it: one CPU device, this checkout's code, no
+  traceback switch; captured output."""
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT, **(env_extra or {})}
+  env.pop('CTR_JAX_TRACEBACK', None)
+  return subprocess.run([sys.executable, '-m', 'ctr_jax.main', *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=timeout)

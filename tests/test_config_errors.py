@@ -7,24 +7,17 @@ The CLI cases run the real `python -m ctr_jax.main` in a subprocess; they fail a
 import glob
 import importlib.util
 import os
-import subprocess
 import sys
 
 import pytest
 
 from ctr_jax import config_lib, train
 
-from helpers import tiny_train_config
+from helpers import tiny_train_config, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_main(args):
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
-         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT}
-  env.pop('CTR_JAX_TRACEBACK', None)
-  return subprocess.run([sys.executable, '-m', 'ctr_jax.main', *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=240)
 
 
 def _snapshot(path):
@@ -58,7 +51,7 @@ def test_unknown_field_is_one_line_with_the_nearest_names(case, tmp_path):
   override, message = CLI_CASES[case]
   workdir = tmp_path / 'work'
   # :runlocal is accepted by the quickstart too (item 15); the override fails afterwards.
-  result = _run_main(['--config=configs/quickstart.py:runlocal', f'--workdir={workdir}',
+  result = run_main(['--config=configs/quickstart.py:runlocal', f'--workdir={workdir}',
                       override])
   assert result.returncode == 2, result.stderr[-3000:]
   line = _one_error_line(result)
@@ -118,7 +111,7 @@ def test_grad_clip_change_on_resume_names_the_field(tmp_path):
   assert config_lib.state_structure_changes({'optim': config.optim.to_dict()}, changed) == []
 
   flags = [f'--config.{k}={v}' for k, v in tiny.items()]
-  result = _run_main(['--config=configs/quickstart.py', f'--workdir={workdir}', *flags,
+  result = run_main(['--config=configs/quickstart.py', f'--workdir={workdir}', *flags,
                       '--config.optim.grad_clip=0'])
   assert result.returncode == 2, result.stderr[-3000:]
   line = _one_error_line(result)

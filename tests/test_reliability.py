@@ -7,23 +7,15 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 
 import pytest
 
 from ctr_jax import checkpointing, config_lib, metrics, train
 from ctr_jax import workdir as workdir_lib
-from helpers import tiny_train_config
+from helpers import tiny_train_config, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  from ctr_jax.data import pipeline
-  pipeline.load('kjv_bible', data_dir=path, vocab_size=320)
-  return path
 
 
 @pytest.fixture(scope='module')
@@ -41,12 +33,6 @@ def _copy(src, tmp_path):
   return dst
 
 
-def _main(args, cwd=ROOT):
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
-         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT}
-  env.pop('CTR_JAX_TRACEBACK', None)
-  return subprocess.run([sys.executable, '-m', 'ctr_jax.main', *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=240)
 
 
 def _tiny_flags(data_dir):
@@ -95,7 +81,7 @@ def test_cli_refuses_empty_workdir_and_bad_keep_checkpoints(flag, needle, data_d
   args = [*_tiny_flags(data_dir), '--config.total_steps=2']
   if not flag.startswith('--workdir'):
     args.append(f'--workdir={tmp_path}/run')
-  result = _main([*args, flag], cwd=cwd)
+  result = run_main([*args, flag], cwd=cwd)
   line = _one_line_error(result, 2, needle)
   assert 'max_to_keep' not in line
   assert not any(cwd.iterdir()) and not (tmp_path / 'run').exists()
@@ -112,7 +98,7 @@ def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(
   holder = workdir_lib.Lock(workdir_lib.resolve(workdir)).acquire()  # this test's pid holds it
   try:
     before = _snapshot(workdir)
-    result = _main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=6'])
+    result = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=6'])
     _one_line_error(result, 2, 'in use by another run', socket.gethostname(),
                     f'pid {os.getpid()}')
     assert _snapshot(workdir) == before
@@ -218,7 +204,7 @@ def test_a_truncated_checkpoint_is_reported_and_the_run_falls_back(
     with open(path, 'r+b') as f:
       f.truncate(os.path.getsize(path) // 2)
   before = _snapshot(workdir)
-  strict = _main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=4',
+  strict = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=4',
                   '--config.strict_resume=True'])
   _one_line_error(strict, 3, f'checkpoint step 4 in {workdir}/checkpoints is damaged')
   assert _snapshot(workdir) == before

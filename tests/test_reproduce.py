@@ -14,13 +14,6 @@ import repro_lib  # noqa: E402
 import repro_studies  # noqa: E402
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  from ctr_jax.data import pipeline
-  pipeline.load('kjv_bible', data_dir=path, vocab_size=320)
-  return path
-
 
 def _record(group, seed, ppl):
   return {'group': group, 'seed': seed, 'final': {'val_ppl': ppl}}

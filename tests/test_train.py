@@ -12,18 +12,10 @@ import numpy as np
 import pytest
 
 from ctr_jax import train, train_step
-from helpers import tiny_train_config
+from helpers import tiny_train_config, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  """The embedded corpus and a 320-token tokenizer, built once per test worker."""
-  path = str(tmp_path_factory.mktemp('data'))
-  from ctr_jax.data import pipeline
-  pipeline.load('kjv_bible', data_dir=path, vocab_size=320)
-  return path
 
 
 def train_losses(workdir):
@@ -172,11 +164,6 @@ def test_random_depth_draws_are_reproducible():
   assert {train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(20)} == {3}
 
 
-def _run_main(args, env_extra=None, timeout=240):
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
-         'JAX_PLATFORMS': 'cpu', **(env_extra or {})}
-  return subprocess.run([sys.executable, '-m', 'ctr_jax.main', *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=timeout)
 
 
 def _tiny_flags(data_dir):
@@ -213,7 +200,7 @@ BAD_INPUTS = {
 def test_bad_input_is_one_line_without_traceback(case, data_dir, tmp_path):
   extra, needle = BAD_INPUTS[case]
   workdir = tmp_path / 'work'
-  result = _run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', *extra])
+  result = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', *extra])
   assert result.returncode != 0
   assert 'Traceback' not in result.stderr, result.stderr[-2000:]
   assert needle in result.stderr, result.stderr[-2000:]
@@ -224,15 +211,15 @@ def test_bad_input_is_one_line_without_traceback(case, data_dir, tmp_path):
 def test_unwritable_workdir_and_incompatible_checkpoint(data_dir, tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('not a directory')
-  result = _run_main([*_tiny_flags(data_dir), f'--workdir={blocker}/sub'])
+  result = run_main([*_tiny_flags(data_dir), f'--workdir={blocker}/sub'])
   assert result.returncode != 0 and 'Traceback' not in result.stderr
   assert 'not writable' in result.stderr
   workdir = tmp_path / 'run'
-  ok = _run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=2',
+  ok = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=2',
                   '--config.checkpoint_every=2'])
   assert ok.returncode == 0, ok.stderr[-3000:]
   before = _snapshot(workdir)
-  clash = _run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.model.width=64'])
+  clash = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.model.width=64'])
   assert clash.returncode != 0 and 'Traceback' not in clash.stderr
   assert 'different model config' in clash.stderr and 'width' in clash.stderr
   assert _snapshot(workdir) == before
