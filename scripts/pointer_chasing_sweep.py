@@ -14,7 +14,6 @@ docs/pointer_chasing.md below the NOTES_MARKER line (hand-written notes on the r
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -48,17 +47,8 @@ NOTES_MARKER = '<!-- notes: kept by scripts/pointer_chasing_sweep.py -->'
 
 
 def machine() -> str:
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [l.split(':', 1)[1].strip() for l in f if l.startswith('model name')]
-    cpu = f'{names[0]}, {len(names)} logical cores' if names else cpu
-  except OSError:
-    pass
-  import jax  # pylint: disable=g-import-not-at-top
-  device = jax.devices()[0]
-  return f'{cpu}; JAX {jax.__version__} on {device.platform} ({device.device_kind})'
-
+  from ctr_jax.bench import machine as bench_machine  # pylint: disable=g-import-not-at-top
+  return bench_machine.summary_line(bench_machine.describe())
 
 def sweep_models(hops: int) -> list[str]:
   from configs import pointer_chasing  # pylint: disable=g-import-not-at-top

@@ -581,10 +581,5 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
 
 
 def _machine() -> str:
-  import platform  # pylint: disable=g-import-not-at-top
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [l.split(':', 1)[1].strip() for l in f if l.startswith('model name')]
-    return f'{names[0]}, {len(names)} logical cores' if names else platform.machine()
-  except OSError:
-    return platform.machine()
+  from ctr_jax.bench import machine  # pylint: disable=g-import-not-at-top
+  return machine.summary_line(machine.describe())

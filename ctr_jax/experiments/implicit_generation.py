@@ -145,19 +145,9 @@ def summarise(metrics: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 def machine() -> str:
-  """CPU model and core count (or the accelerator) the experiment ran on."""
-  import os  # pylint: disable=g-import-not-at-top
-  import platform  # pylint: disable=g-import-not-at-top
-  cpu = platform.processor() or 'unknown CPU'
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [l.split(':', 1)[1].strip() for l in f if l.startswith('model name')]
-    cpu = names[0] if names else cpu
-  except OSError:
-    pass
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  return f'{cpu}, {cores} cores, JAX {jax.__version__} on {jax.default_backend()}'
-
+  """CPU model and core count (or the accelerator) and library versions the experiment ran on."""
+  from ctr_jax.bench import machine as bench_machine  # pylint: disable=g-import-not-at-top
+  return bench_machine.summary_line(bench_machine.describe())
 
 def _label(setting: dict) -> str:
   return (f"{setting['dtype']} {setting['method']} {setting['mode']} "
