@@ -50,6 +50,7 @@ def machine() -> str:
   from ctr_jax.bench import machine as bench_machine  # pylint: disable=g-import-not-at-top
   return bench_machine.summary_line(bench_machine.describe())
 
+
 def sweep_models(hops: int) -> list[str]:
   from configs import pointer_chasing  # pylint: disable=g-import-not-at-top
   names = []

@@ -149,6 +149,7 @@ def machine() -> str:
   from ctr_jax.bench import machine as bench_machine  # pylint: disable=g-import-not-at-top
   return bench_machine.summary_line(bench_machine.describe())
 
+
 def _label(setting: dict) -> str:
   return (f"{setting['dtype']} {setting['method']} {setting['mode']} "
           f"L{setting['first_layer']}+")
