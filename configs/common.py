@@ -57,7 +57,8 @@ def get_base() -> ml_collections.ConfigDict:
                                  # and the run resumes from the newest complete older one;
                                  # True: refuse (docs/reliability.md)
   c.exit_at_step = -1            # save and exit at this step (time-sliced clusters, tests)
-  c.init_from = ''               # workdir of a transformer run to convert (zero-init correction)
+  c.init_from = ''               # workdir of a transformer run to convert (zero-init correction);
+                                 # for a transformer run: continue its weights (fresh optimiser)
 
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = 'And God said'

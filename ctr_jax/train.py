@@ -2,7 +2,8 @@
 
 Resume order (the first that applies wins):
   1. the latest checkpoint in `workdir` (a restarted or preempted run continues);
-  2. `config.init_from`: a transformer checkpoint converted to a context-ready model;
+  2. `config.init_from`: a transformer checkpoint, converted to a context-ready model (a
+     transformer run instead continues its weights), with a fresh optimiser and schedule;
   3. a fresh initialisation from `config.seed`.
 
 What a crash, a full disk, a damaged checkpoint or a second run on the same workdir do is listed in
@@ -313,7 +314,9 @@ def _progress_bar(active: bool, initial: int, total: int):
 
 
 def _convert_from(config, state, state_shardings, mesh, rules):
-  """Loads a transformer checkpoint and converts it (zero-initialised correction FFN)."""
+  """Loads a transformer checkpoint and converts it (zero-initialised correction FFN); for a
+  transformer run, its weights as they are (a continuation with a fresh optimiser and schedule:
+  the baseline a converted model's fine-tune is compared with)."""
   source_meta = checkpointing.read_meta(config.init_from)
   if source_meta is None:
     raise UserError(f'config.init_from={config.init_from!r} holds no checkpoint')
@@ -335,11 +338,17 @@ def _convert_from(config, state, state_shardings, mesh, rules):
   source_state, _, _ = checkpointing.restore(
       source_mngr, source_mngr.latest_step(),
       checkpointing.abstract_with_shardings(abstract, shardings))
-  try:
-    params = convert.transformer_to_context_ready({'params': source_state['params']},
-                                                  config.model)['params']
-  except ValueError as e:
-    raise UserError(f'config.init_from: {e}') from None
+  if config.model.kind == 'transformer':
+    if models.spec_of(source_cfg) != models.spec_of(config.model):
+      raise UserError(f'config.init_from: continuing a transformer needs the same model config; '
+                      f'{config.init_from} differs')
+    params = source_state['params']
+  else:
+    try:
+      params = convert.transformer_to_context_ready({'params': source_state['params']},
+                                                    config.model)['params']
+    except ValueError as e:
+      raise UserError(f'config.init_from: {e}') from None
   params = jax.device_put(params, state_shardings['params'])
   return {**state, 'params': params,
           'opt_state': jax.jit(optim.make_optimizer(config.optim, config.total_steps).init,

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from ctr_jax import train, train_step
+from ctr_jax import models, train, train_step
 from helpers import tiny_train_config, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,3 +288,26 @@ def test_two_processes_train_together_and_agree(data_dir, tmp_path):
       tiny_train_config(data_dir, total_steps=3, eval_every=100, checkpoint_every=3),
       str(tmp_path / 'single'), devices=jax.devices()[:2])
   assert results[0]['train_loss'] == pytest.approx(single['train_loss'], rel=1e-5)
+
+
+def test_init_from_converts_or_continues_a_transformer_exactly(data_dir, tmp_path):
+  # A learning rate of ~0 leaves the weights as loaded: the first evaluation then shows whether
+  # the converted model (zero-initialised correction) and the continued transformer reproduce
+  # the source transformer's validation loss.
+  source = str(tmp_path / 'source')
+  shape = dict(width=32, depth=1, num_heads=2, vocab_size=320, max_len=64)
+  t_cfg = tiny_train_config(data_dir, total_steps=2)
+  t_cfg.model = models.model_config(kind='transformer', **shape)
+  trained = train.train_and_evaluate(t_cfg, source)
+  for kind in ('context_ready', 'transformer'):
+    cfg = tiny_train_config(data_dir, total_steps=1, init_from=source, eval_sequential=True,
+                            **{'optim.lr': 1e-30, 'optim.warmup_steps': 0})
+    cfg.model = models.model_config(kind=kind, k_unroll=3, **shape)
+    summary = train.train_and_evaluate(cfg, str(tmp_path / kind))
+    assert summary['val_loss'] == pytest.approx(trained['val_loss'], rel=1e-6), kind
+    if kind == 'context_ready':
+      assert summary['val_loss_sequential'] == pytest.approx(trained['val_loss'], rel=1e-6)
+  other = tiny_train_config(data_dir, total_steps=1, init_from=source)
+  other.model = models.model_config(kind='transformer', **{**shape, 'width': 64})
+  with pytest.raises(train.UserError, match='init_from'):
+    train.train_and_evaluate(other, str(tmp_path / 'other'))
