@@ -43,9 +43,12 @@ def sweep_k(add):
 
 
 def sweep_width(add):
-  # (width, heads, steps at batch 1024 for ~20 tokens/parameter; reference section 6.4)
-  for width, heads, steps in ((256, 4, 7629), (512, 8, 27466), (1024, 16, 18750)):
-    common_overrides = {'data.seq_len': 64, 'batch_size': 1024, 'total_steps': steps,
+  # (width, heads, batch, steps): the reference's recipe (section 6.4), ~20 tokens/parameter at
+  # block 64: C = 256 batch 1024 x 7,629 (500M tokens), C = 512 batch 512 x 27,466 (900M),
+  # C = 1024 batch 1024 x 18,750 (1,227M).
+  for width, heads, batch, steps in ((256, 4, 1024, 7629), (512, 8, 512, 27466),
+                                     (1024, 16, 1024, 18750)):
+    common_overrides = {'data.seq_len': 64, 'batch_size': batch, 'total_steps': steps,
                         'model.num_heads': heads, 'model.width': width}
     add(config='t2_c1888.py', **common_overrides)
     add(config='d5_c1120.py', **common_overrides, **{'model.depth': 2})

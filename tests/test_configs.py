@@ -99,3 +99,14 @@ def test_paper_sweeps_name_real_configs_and_fields():
           node = node[part]
         node[key.split('.')[-1]] = type(node[key.split('.')[-1]])(value)
       config_lib.validate(config)
+
+
+def test_width_sweep_follows_the_reference_token_budgets():
+  # Reference section 6.4: 500M / 900M / 1,227M tokens at block 64 for C = 256 / 512 / 1024.
+  paper_sweeps = load(os.path.join(ROOT, 'configs', 'paper_sweeps.py'))
+  runs = []
+  paper_sweeps.sweep_width(lambda config, arg=None, **o: runs.append(o))
+  tokens = {o['model.width']: o['batch_size'] * o['total_steps'] * o['data.seq_len']
+            for o in runs}
+  assert tokens == {256: 1024 * 7629 * 64, 512: 512 * 27466 * 64, 1024: 1024 * 18750 * 64}
+  assert abs(tokens[512] / 900e6 - 1) < 0.01 and abs(tokens[256] / 500e6 - 1) < 0.01
