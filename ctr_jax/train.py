@@ -339,9 +339,10 @@ def _convert_from(config, state, state_shardings, mesh, rules):
       source_mngr, source_mngr.latest_step(),
       checkpointing.abstract_with_shardings(abstract, shardings))
   if config.model.kind == 'transformer':
-    if models.spec_of(source_cfg) != models.spec_of(config.model):
-      raise UserError(f'config.init_from: continuing a transformer needs the same model config; '
-                      f'{config.init_from} differs')
+    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
+    if shapes(source_state['params']) != shapes(state['params']):
+      raise UserError(f'config.init_from: continuing a transformer needs the same parameter '
+                      f'shapes; {config.init_from} has others')
     params = source_state['params']
   else:
     try:

@@ -40,7 +40,7 @@ def _tiny_flags(data_dir):
   return [f'--config={ROOT}/configs/quickstart.py', f'--config.data.data_dir={data_dir}',
           '--config.model.kind=context_ready', '--config.model.width=32',
           '--config.model.depth=1', '--config.model.num_heads=2', '--config.model.vocab_size=320',
-          '--config.model.max_len=64', '--config.model.k_unroll=3', '--config.model.k_min=0',
+          '--config.model.max_len=64', '--config.model.k_unroll=3', '--config.train.k_min=0',
           '--config.data.seq_len=16', '--config.batch_size=8', '--config.eval_batches=1',
           '--config.sample.num_tokens=0']
 

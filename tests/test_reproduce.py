@@ -49,7 +49,10 @@ def test_replace_section_keeps_the_rest(tmp_path):
 
 
 @pytest.mark.slow
-def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path):
+def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
+  # The runs are subprocesses: one CPU device as a user's (the tests' 8 fake devices would not
+  # divide the tiny batch).
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=1')
   root, docs = str(tmp_path / 'runs'), str(tmp_path / 'docs')
   extra = (f'--config.data.data_dir={data_dir}',)
   scale = repro_studies.SCALES['tiny']
