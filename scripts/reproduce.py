@@ -20,6 +20,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repro_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -41,6 +42,7 @@ flags.DEFINE_multi_string('extra', [], 'Extra flags for every run, e.g. '
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax's and TFDS's INFO lines drown the report
   scale = repro_studies.SCALES[FLAGS.scale]
   names = [FLAGS.study] if FLAGS.study else sorted(repro_studies.STUDIES)
   for name in names:
