@@ -26,6 +26,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.train.k_min = 0              # >0: K ~ Uniform{k_min..model.k_unroll} per batch; 0 = fixed K
   c.train.convergence_weight = 0.1  # lambda of MSE(e + c^(K), stopgrad(e + c^(K-1))) (unroll)
   c.train.remat = False          # rematerialise each fixed-point iteration (unroll)
+  c.train.grad_iterations = 0    # >0: backpropagate through the last m of the K iterations only
 
   c.data = ml_collections.ConfigDict()
   c.data.name = 'kjv_bible'      # 'kjv_bible' | 'openwebtext' | 'wikipedia' | 'pointer_chasing'

@@ -10,6 +10,7 @@ and differs only in what the study varies. Args:
   steps, batch, seq_len, seed, vocab, lr: the shared recipe (defaults below).
   k, k_min: K of the unroll and the random-depth floor (0 = fixed K); context-ready only.
   correction, cumulative: the ablations (ctr_jax/models/lm.py Correction).
+  grad_iterations: backpropagate through the last m iterations only (0 = all; beyond the paper).
   runlocal: a few steps of the same recipe, for smoke tests.
 """
 
@@ -20,13 +21,14 @@ from ctr_jax import models
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, size='d2_c144_h4', steps=1200, batch=16, seq_len=128, seed=0,
-                              vocab=2048, lr=1e-3, k=5, k_min=2, correction='add',
+                              vocab=2048, lr=1e-3, k=5, k_min=2, grad_iterations=0, correction='add',
                               cumulative=False, runlocal=False)
   c = common.get_base()
   fields = dict(vocab_size=args.vocab, max_len=max(256, args.seq_len))
   if models.decode_size(args.size)['kind'] == 'context_ready':
     fields.update(k_unroll=args.k, correction=args.correction, cumulative=args.cumulative)
     c.train.k_min = args.k_min
+    c.train.grad_iterations = args.grad_iterations
   c.model = models.model_config(name=args.size, **fields)
   c.seed = args.seed
   c.data.name = 'kjv_bible'

@@ -11,6 +11,9 @@ model's architecture:
                       ignores it.
   remat               rematerialise each fixed-point iteration in the backward pass (unroll only:
                       an error with BPTT, which recomputes every position in its backward pass).
+  grad_iterations     m > 0: backpropagate through the last m of the K iterations only (beyond
+                      the paper). The first K - m run on stop_gradient'ed parameters, so they
+                      store nothing for the backward pass; the forward is unchanged. 0 = all K.
 
     recipe = train_step.Recipe.from_config(config.train)
     step = train_step.make_train_step(model, tx, loss_fn, base_rng=jax.random.key(1),
@@ -36,10 +39,12 @@ class Recipe:
   k_min: int = 0
   convergence_weight: float = 0.1
   remat: bool = False
+  grad_iterations: int = 0
 
   @classmethod
   def from_config(cls, train_cfg) -> 'Recipe':
-    return cls(**{f.name: train_cfg[f.name] for f in dataclasses.fields(cls)})
+    # A field added later is missing from older saved configs: its default applies.
+    return cls(**{f.name: train_cfg.get(f.name, f.default) for f in dataclasses.fields(cls)})
 
 
 def validate(train_cfg, model_cfg) -> None:
@@ -55,6 +60,14 @@ def validate(train_cfg, model_cfg) -> None:
         f'must be >= 0, got {train_cfg.convergence_weight}')
   check(train_cfg.remat in (True, False, 0, 1), 'remat', f'got {train_cfg.remat!r}, allowed '
         '[True, False]')
+  m = train_cfg.get('grad_iterations', 0)
+  check(isinstance(m, int) and 0 <= m <= model_cfg.k_unroll, 'grad_iterations',
+        f'must be an integer in [0, model.k_unroll={model_cfg.k_unroll}] (0 = all), got {m!r}')
+  if m:
+    check(model_cfg.kind == 'context_ready' and train_cfg.mode == 'unroll', 'grad_iterations',
+          "truncates the K-unroll: needs model.kind='context_ready' and train.mode='unroll'")
+    check(not model_cfg.cumulative, 'grad_iterations',
+          'needs model.cumulative=False (the cumulative ablation carries u across iterations)')
   if train_cfg.mode == 'bptt':
     check(model_cfg.kind == 'context_ready', 'mode',
           f"'bptt' needs model.kind='context_ready', got {model_cfg.kind!r} (a transformer has "
@@ -95,6 +108,17 @@ def forward(model, params, tokens, recipe: Recipe = Recipe(), *, k_unroll=None, 
   if recipe.mode != 'unroll':
     raise ValueError(f'config.train.mode: got {recipe.mode!r}, allowed {list(MODES)}')
   rngs = {'dropout': rng} if rng is not None else {}
+  k = k_unroll or getattr(model.spec, 'k_unroll', 1)
+  m = recipe.grad_iterations
+  if model.spec.is_context_ready and 0 < m < k:
+    # The first K - m iterations see constant parameters: nothing of them is differentiated, so
+    # nothing is stored; the last m start from their correction.
+    early = {'dropout': jax.random.fold_in(rng, 1)} if rng is not None else {}
+    c = model.apply({'params': jax.lax.stop_gradient(params)}, tokens, k - m,
+                    deterministic=deterministic, rngs=early, method='correction_after')
+    return model.apply({'params': params}, tokens, k_unroll=m, remat=recipe.remat,
+                       return_aux=True, deterministic=deterministic, rngs=rngs,
+                       initial_correction=jax.lax.stop_gradient(c))
   return model.apply({'params': params}, tokens, k_unroll=k_unroll, remat=recipe.remat,
                      return_aux=True, deterministic=deterministic, rngs=rngs)
 

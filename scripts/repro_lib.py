@@ -129,6 +129,7 @@ def collect(run: Run, root: str) -> dict | None:
           'tokens': summary['step'] * config['batch_size'] * config['data']['seq_len'],
           'wall_time_seconds': summary.get('wall_time_seconds'),
           'num_params': summary.get('num_params'),
+          'tokens_per_second': summary.get('tokens_per_second'),
           'flops_per_token': models.flops_per_token(model_cfg),
           'final': {k: summary[k] for k in EVAL_KEYS if k in summary}, 'evals': evals,
           **dict(run.info)}

@@ -512,6 +512,49 @@ def conversion_report(records, scale, figure):
 
 
 # ------------------------------------------------------------------------------------------------
+# grad_iterations (beyond the paper): backpropagate through the last m of K = 5 iterations.
+# ------------------------------------------------------------------------------------------------
+
+GRAD_ITERATIONS = (1, 2, 5)
+
+
+def grad_iterations_runs(scale, seeds):
+  size = _size('context_ready', 2, scale.base_width, scale.heads)
+  return [Run('grad_iterations', f'K=5 m={m}', seed,
+              _recipe(scale, size=size, k=5, k_min=0, grad_iterations=m))
+          for m in GRAD_ITERATIONS for seed in range(seeds)]
+
+
+def grad_iterations_report(records, scale, figure):
+  del scale, figure
+  groups = repro_lib.by_group(records)
+  full = groups.get('K=5 m=5', [])
+  lines = ['| backpropagated iterations | val PPL (sequential) | training tokens/s | '
+           'tokens/s vs m = K | ΔPPL vs m = K |', '|---|---|---|---|---|']
+  verdicts = []
+  full_speed = np.mean([r['tokens_per_second'] for r in full]) if full else math.nan
+  for m in GRAD_ITERATIONS:
+    rs = groups.get(f'K=5 m={m}', [])
+    if not rs:
+      lines.append(f'| m = {m} | not run yet | | | |')
+      continue
+    speed = np.mean([r['tokens_per_second'] for r in rs])
+    row = (f"| m = {m} | {fmt(*mean_std(repro_lib.final_ppl(r) for r in rs))} | {speed:,.0f} | "
+           f'{speed / full_speed:.2f}x |')
+    if m != 5 and full:
+      c = compare(rs, full, repro_lib.final_ppl)
+      row += f" {fmt(c['delta_mean'], c['delta_std'])} ({c['verdict']} lower) |"
+      worse = c['verdict'] == 'does not hold'
+      verdicts.append(f"m = {m}: {speed / full_speed:.2f}x the throughput of full "
+                      f"backpropagation, ΔPPL {fmt(c['delta_mean'], c['delta_std'])} "
+                      f"({'measurably worse' if worse else 'no measurable loss' if c['verdict'] == 'inconclusive' else 'better'})")
+    else:
+      row += ' |'
+    lines.append(row)
+  return lines, verdicts
+
+
+# ------------------------------------------------------------------------------------------------
 # The registry and the driver.
 # ------------------------------------------------------------------------------------------------
 
@@ -541,6 +584,9 @@ STUDIES = {
     'conversion': Study('Converting a trained transformer (zero-initialised correction)',
                         'claims 6, 15', conversion_runs, conversion_report,
                         evaluate=conversion_eval),
+    'grad_iterations': Study('Backpropagating through the last m of K iterations (beyond the '
+                             'paper)', 'training cost', grad_iterations_runs,
+                             grad_iterations_report),
 }
 
 

@@ -5,6 +5,9 @@
   python scripts/reproduce.py --study=table1 --report_only # re-read finished runs only
   python scripts/reproduce.py --list                       # every study's runs and commands
 
+Studies: table1, seq_vs_parallel, k_eval, k_min, conversion, width, ablations and, beyond the
+paper, grad_iterations (backpropagating through the last m of K iterations only).
+
 Each run is `python -m ctr_jax.main --config=configs/repro.py:...` in its own workdir under
 --root; finished runs are skipped and an interrupted one resumes from its checkpoint when the
 study is run again. A study writes docs/reproduction/NAME.json (every run: its commands, config,

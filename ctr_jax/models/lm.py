@@ -174,11 +174,17 @@ class ContextReadyLM(_LanguageModelBase):
 
   def __call__(self, tokens, *, k_unroll=None, remat: bool = False,
                decode_state: DecodeState | None = None, deterministic: bool = True,
-               return_aux: bool = False):
+               return_aux: bool = False, initial_correction=None):
+    """`initial_correction` [B, T, C] starts the unroll from c^(0) = it instead of 0 (the
+    truncated-gradient recipe runs the first iterations without gradients, then these)."""
     if decode_state is not None:
       return self._step(tokens, decode_state, deterministic)
     return self._parallel(tokens, k_unroll or self.spec.k_unroll, remat, deterministic,
-                          return_aux)
+                          return_aux, initial_correction)
+
+  def correction_after(self, tokens, k_unroll: int, deterministic: bool = True):
+    """c^(k_unroll) [B, T, C], the correction after `k_unroll` fixed-point iterations."""
+    return self._unroll(tokens, k_unroll, False, deterministic, None)[0][0]
 
   def iterate(self, c, e, positions, *, u_prev=None, caches=None, deterministic=True):
     """One fixed-point pass over all positions: u = e + c, z = Unit(u), c' = Correct(shift(z), e).
@@ -193,8 +199,9 @@ class ContextReadyLM(_LanguageModelBase):
     z, caches = self.blocks(u, positions, caches, cache_index, deterministic)
     return self.correct(shift_right(self.feedback(z, u)), e), u, z, caches
 
-  def _parallel(self, tokens, k_unroll, remat, deterministic, return_aux):
-    """K fixed-point iterations over all positions: c^(0) = 0, u^(k) = e + c^(k-1)."""
+  def _unroll(self, tokens, k_unroll, remat, deterministic, initial_correction):
+    """K fixed-point iterations over all positions: c^(0) = 0 (or given), u^(k) = e + c^(k-1).
+    Returns ((c^(K), u^(K), z^(K)), per-iteration change statistics, e)."""
     e = self.embed_tokens(tokens, deterministic)
     positions = jnp.arange(tokens.shape[1])
     cumulative = self.spec.cumulative
@@ -209,8 +216,14 @@ class ContextReadyLM(_LanguageModelBase):
       return (c_next, u, z), stats
 
     zeros = jnp.zeros_like(e)
-    (c, u, z), stats = fixed_point_unroll(self, iteration, (zeros, e, zeros), k_unroll,
-                                          remat=remat)
+    c0 = zeros if initial_correction is None else initial_correction.astype(e.dtype)
+    carry, stats = fixed_point_unroll(self, iteration, (c0, e, zeros), k_unroll, remat=remat)
+    return carry, stats, e
+
+  def _parallel(self, tokens, k_unroll, remat, deterministic, return_aux, initial_correction):
+    (c, u, z), stats, e = self._unroll(tokens, k_unroll, remat, deterministic,
+                                       initial_correction)
+    cumulative = self.spec.cumulative
     logits = self.logits(z)
     if not return_aux:
       return logits
