@@ -55,13 +55,29 @@ def tiny_train_config(data_dir: str, **overrides):
   c.checkpoint_every = 2
   c.sample.num_tokens = 0
   c.eval_sequential = False
+  return override(c, **overrides)
+
+
+def override(config, **overrides):
+  """`config` with dotted fields set ('optim.lr': 1e-3), as --config.optim.lr=1e-3 would."""
   for key, value in overrides.items():
-    node = c
+    node = config
     *parents, leaf = key.split('.')
     for p in parents:
       node = node[p]
     node[leaf] = value
-  return c
+  return config
+
+
+def snapshot(path) -> dict:
+  """Every file below `path` and its bytes: to check a failed run left a workdir unchanged."""
+  out = {}
+  for base, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(base, name)
+      with open(full, 'rb') as f:
+        out[os.path.relpath(full, path)] = f.read()
+  return out
 
 
 # Small models of every block family for the implicit-update tests: grouped/multi-query

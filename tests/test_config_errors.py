@@ -13,11 +13,9 @@ import pytest
 
 from ctr_jax import config_lib, train
 
-from helpers import tiny_train_config, run_main
+from helpers import override, run_main, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 
 
 def _snapshot(path):
@@ -82,14 +80,7 @@ def _quickstart(**overrides):
   if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
   from configs import quickstart  # pylint: disable=g-import-not-at-top
-  config = quickstart.get_config()
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return override(quickstart.get_config(), **overrides)
 
 
 def test_grad_clip_change_on_resume_names_the_field(tmp_path):

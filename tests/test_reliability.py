@@ -12,10 +12,9 @@ import pytest
 
 from ctr_jax import checkpointing, config_lib, metrics, train
 from ctr_jax import workdir as workdir_lib
-from helpers import tiny_train_config, run_main
+from helpers import run_main, snapshot, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 
 @pytest.fixture(scope='module')
@@ -31,8 +30,6 @@ def _copy(src, tmp_path):
   dst = str(tmp_path / 'run')
   shutil.copytree(src, dst)
   return dst
-
-
 
 
 def _tiny_flags(data_dir):
@@ -52,16 +49,6 @@ def _one_line_error(result, code, *needles):
   for needle in needles:
     assert needle in lines[0], lines[0]
   return lines[0]
-
-
-def _snapshot(path):
-  out = {}
-  for base, _, files in os.walk(path):
-    for name in files:
-      full = os.path.join(base, name)
-      with open(full, 'rb') as f:
-        out[os.path.relpath(full, path)] = f.read()
-  return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,11 +84,11 @@ def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(
   workdir = _copy(trained, tmp_path)
   holder = workdir_lib.Lock(workdir_lib.resolve(workdir)).acquire()  # this test's pid holds it
   try:
-    before = _snapshot(workdir)
+    before = snapshot(workdir)
     result = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=6'])
     _one_line_error(result, 2, 'in use by another run', socket.gethostname(),
                     f'pid {os.getpid()}')
-    assert _snapshot(workdir) == before
+    assert snapshot(workdir) == before
   finally:
     holder.release()
   # A holder that died (SIGKILL) leaves its name in the lock file: the rerun takes over.
@@ -203,11 +190,11 @@ def test_a_truncated_checkpoint_is_reported_and_the_run_falls_back(
   for path in files:
     with open(path, 'r+b') as f:
       f.truncate(os.path.getsize(path) // 2)
-  before = _snapshot(workdir)
+  before = snapshot(workdir)
   strict = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=4',
                   '--config.strict_resume=True'])
   _one_line_error(strict, 3, f'checkpoint step 4 in {workdir}/checkpoints is damaged')
-  assert _snapshot(workdir) == before
+  assert snapshot(workdir) == before
   capfd.readouterr()
   summary = train.train_and_evaluate(tiny_train_config(data_dir), workdir)
   assert summary['step'] == 4

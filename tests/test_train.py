@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from ctr_jax import models, train, train_step
-from helpers import tiny_train_config, run_main
+from helpers import run_main, snapshot, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 
 def train_losses(workdir):
@@ -171,16 +170,6 @@ def _tiny_flags(data_dir):
           '--config.eval_batches=1', '--config.sample.num_tokens=2']
 
 
-def _snapshot(path):
-  out = {}
-  for base, _, files in os.walk(path):
-    for name in files:
-      full = os.path.join(base, name)
-      with open(full, 'rb') as f:
-        out[os.path.relpath(full, path)] = hash(f.read())
-  return out
-
-
 BAD_INPUTS = {
     'unknown_key': (['--config.modle.width=3'], 'modle'),
     'invalid_value': (['--config.model.k_unroll=0'], 'k_unroll'),
@@ -216,11 +205,11 @@ def test_unwritable_workdir_and_incompatible_checkpoint(data_dir, tmp_path):
   ok = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=2',
                   '--config.checkpoint_every=2'])
   assert ok.returncode == 0, ok.stderr[-3000:]
-  before = _snapshot(workdir)
+  before = snapshot(workdir)
   clash = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.model.width=64'])
   assert clash.returncode != 0 and 'Traceback' not in clash.stderr
   assert 'different model config' in clash.stderr and 'width' in clash.stderr
-  assert _snapshot(workdir) == before
+  assert snapshot(workdir) == before
 
 
 @pytest.mark.slow
