@@ -22,7 +22,7 @@ class Scale:
   batch: int
   seq_len: int
   heads: int
-  levels: tuple          # (name, width of the D = 2 model that sets the level's cost)
+  levels: tuple          # (name, FLOPs/token of the level); every table1 model is within 3%
   base_width: int        # the single-size studies (k_min, ablations, ...)
   widths: tuple          # the width study
   tokens_per_param: float
@@ -31,10 +31,10 @@ class Scale:
 
 SCALES = {
     'cpu': Scale(vocab=2048, steps=1200, batch=16, seq_len=128, heads=4,
-                 levels=(('~1.5M', 192), ('~4M', 328)), base_width=144, widths=(64, 128, 256),
+                 levels=(('~1M', 965_000), ('~4M', 4_114_432)), base_width=144, widths=(64, 128, 256),
                  tokens_per_param=2.0, context_lengths=(64, 256)),
     # Seconds per run: what the tests use (the data_dir of the test fixtures has V = 320).
-    'tiny': Scale(vocab=320, steps=4, batch=2, seq_len=16, heads=2, levels=(('tiny', 32),),
+    'tiny': Scale(vocab=320, steps=4, batch=2, seq_len=16, heads=2, levels=(('tiny', 43_008),),
                   base_width=32, widths=(16, 32), tokens_per_param=0.002,
                   context_lengths=(8, 16)),
 }
@@ -67,13 +67,11 @@ def table1_models(scale: Scale) -> list[dict]:
   """Every model of the table1 study with its cost, the level target and their ratio."""
   from ctr_jax import flop_match  # pylint: disable=g-import-not-at-top
   out = []
-  for level, width in scale.levels:
-    target = flop_match.cost('context_ready', 2, width, scale.vocab)
+  for level, target in scale.levels:
     for kind, depths in (('context_ready', TABLE1_CRT_DEPTHS),
                          ('transformer', TABLE1_TRANSFORMER_DEPTHS)):
       for depth in depths:
-        c = width if (kind, depth) == ('context_ready', 2) else flop_match.nearest_width(
-            kind, depth, target, scale.vocab, scale.heads)
+        c = flop_match.nearest_width(kind, depth, target, scale.vocab, scale.heads)
         flops = flop_match.cost(kind, depth, c, scale.vocab)
         out.append({'level': level, 'kind': kind, 'depth': depth, 'width': c,
                     'flops_per_token': flops, 'target_flops_per_token': target,
@@ -591,13 +589,18 @@ STUDIES = {
 
 
 def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(),
-              train: bool = True) -> str:
+              train: bool = True, only: tuple = ()) -> str:
   """Trains the study's missing runs (unless `train` is False), then writes its json and its
-  section of docs/reproduction.md; returns the section."""
+  section of docs/reproduction.md; returns the section.
+
+  Training goes seed by seed (every group's seed 0 first), so a study stopped early still has
+  one run of each group to compare. `only`: train just the groups whose name contains one of
+  these strings (the report still reads every finished run)."""
   study = STUDIES[name]
   runs = study.runs(scale, seeds)
   if train:
-    for run in runs:
+    chosen = [r for r in runs if not only or any(o in r.group for o in only)]
+    for run in sorted(chosen, key=lambda r: r.seed):  # stable: init_from runs stay first
       code = repro_lib.execute(run, root, extra)
       if code:
         print(f'reproduce: {run.name} exited with {code}; continuing with the others')

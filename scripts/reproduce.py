@@ -39,6 +39,8 @@ flags.DEFINE_string('docs', os.path.join(repro_lib.ROOT, 'docs'), 'Where the rep
 flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
 flags.DEFINE_bool('list', False, 'Print every run of --study (or of all studies) and exit.')
 flags.DEFINE_enum('scale', 'cpu', sorted(repro_studies.SCALES), 'Sizes and steps (tiny: tests).')
+flags.DEFINE_list('only', [], 'Train only the groups whose name contains one of these '
+                  "strings, e.g. --only='~1M' (the report still reads every finished run).")
 flags.DEFINE_multi_string('extra', [], 'Extra flags for every run, e.g. '
                           '--extra=--config.data.data_dir=/data (recorded in each command).')
 
@@ -59,7 +61,8 @@ def main(argv):
   if not FLAGS.study:
     raise app.UsageError('--study is required (or --list)')
   report = repro_studies.run_study(FLAGS.study, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
-                                   tuple(FLAGS.extra), train=not FLAGS.report_only)
+                                   tuple(FLAGS.extra), train=not FLAGS.report_only,
+                                   only=tuple(FLAGS.only))
   print(report)
 
 
