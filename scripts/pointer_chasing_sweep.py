@@ -4,10 +4,14 @@
   python scripts/pointer_chasing_sweep.py --hops=10 --steps=5000 --models=t1,t5,t9,t11,d1_bptt
   python scripts/pointer_chasing_sweep.py --hops=3 --entry_targets --models=d1_bptt  # helpers
   python scripts/pointer_chasing_sweep.py --hops=3 --equals_targets --models=t3,t4,d1_bptt
+  python scripts/pointer_chasing_sweep.py --hops=3 --models=d1_bptt --seeds=3
   python scripts/pointer_chasing_sweep.py --hops=3 --report_only   # re-read finished runs
+  bash launch/pointer_chasing_h10.sh   # H = 10 on one GPU within a time budget (--time_budget_s)
 
 Each model is one `python -m ctr_jax.main --config=configs/pointer_chasing.py:...` run in its own
-workdir under --root, so an interrupted sweep resumes where it stopped. Results for other hop
+workdir under --root, so an interrupted sweep resumes where it stopped; every launch is appended
+to the workdir's `invocations.jsonl`, and each row of docs/pointer_chasing.json carries its last
+command and every launch (resumes with the step they resumed from). Results for other hop
 counts already in docs/pointer_chasing.json are kept, and so is everything in
 docs/pointer_chasing.md below the NOTES_MARKER line (hand-written notes on the runs).
 """
@@ -15,7 +19,7 @@ docs/pointer_chasing.md below the NOTES_MARKER line (hand-written notes on the r
 import json
 import os
 import re
-import subprocess
+import shutil
 import sys
 
 from absl import app
@@ -23,6 +27,9 @@ from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import repro_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from ctr_jax.data import pointer_chasing  # pylint: disable=g-import-not-at-top
 
@@ -33,7 +40,14 @@ flags.DEFINE_string('models', '', "Comma-separated names ('t2,d1_bptt'); default
 flags.DEFINE_string('root', os.path.join(ROOT, 'workdirs', 'pointer_chasing'), 'Workdirs root.')
 flags.DEFINE_string('docs', os.path.join(ROOT, 'docs'), 'Where the report goes.')
 flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
-flags.DEFINE_string('extra', '', 'Extra flags for every run, e.g. "--config.batch_size=32".')
+flags.DEFINE_string('extra', '', 'Extra flags for every run, e.g. "--config.batch_size=32" '
+                    '(recorded in each command).')
+flags.DEFINE_integer('seeds', 1, 'Seeds per model (0, 1, ...); seed 0 keeps the plain workdir.')
+flags.DEFINE_float('time_budget_s', 0, 'If > 0: measure each model\'s step time with a short '
+                   'probe run, then train every model for the same number of steps, at most '
+                   '--steps, so that the sweep trains within this many seconds (a warning says '
+                   'when --steps is cut). 0: train --steps.')
+flags.DEFINE_integer('probe_steps', 20, 'Steps of each --time_budget_s probe run.')
 flags.DEFINE_bool('entry_targets', False, 'Train with the helper targets on index-table entries '
                   '(configs/pointer_chasing.py arg entry_targets=1); evaluation is unchanged.')
 flags.DEFINE_bool('equals_targets', False, "Train with the helper targets on every entry's '=' "
@@ -63,42 +77,85 @@ def helpers(r: dict) -> tuple[str, ...]:
   return tuple(h for h in HELPERS if r.get(f'{h}_targets', False))
 
 
-def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = ()) -> dict | None:
-  workdir = os.path.join(root, f'h{hops}_{name}' + ''.join(f'_{h}' for h in used))
-  arg = f'hops={hops},model={name},steps={steps}' + ''.join(f',{h}_targets=1' for h in used)
+def workdir_for(name: str, hops: int, root: str, used: tuple[str, ...] = (), seed: int = 0) -> str:
+  suffix = ''.join(f'_{h}' for h in used) + (f'_s{seed}' if seed else '')
+  return os.path.join(root, f'h{hops}_{name}{suffix}')
+
+
+def command_for(name: str, hops: int, steps: int, workdir: str, used: tuple[str, ...] = (),
+                seed: int = 0, extra: tuple[str, ...] = ()) -> list[str]:
+  arg = (f'hops={hops},model={name},steps={steps}' + ''.join(f',{h}_targets=1' for h in used)
+         + (f',seed={seed}' if seed else ''))
+  return ['python', '-m', 'ctr_jax.main', f'--config=configs/pointer_chasing.py:{arg}',
+          f'--workdir={repro_lib.shown(workdir)}', *extra]
+
+
+def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (), seed: int = 0,
+        extra: tuple[str, ...] = (), train: bool = True) -> dict | None:
+  """Trains (or resumes) one model unless its summary already reports `steps`; its record."""
+  workdir = workdir_for(name, hops, root, used, seed)
   summary_path = os.path.join(workdir, 'summary.json')
-  if not FLAGS.report_only:
+  if train:
     done = False
     if os.path.exists(summary_path):
       with open(summary_path) as f:
         done = json.load(f).get('step') == steps
     if not done:
-      cmd = [sys.executable, '-m', 'ctr_jax.main',
-             f'--config=configs/pointer_chasing.py:{arg}',
-             f'--workdir={workdir}', *FLAGS.extra.split()]
-      print('+', ' '.join(cmd), flush=True)
-      subprocess.run(cmd, cwd=ROOT, check=False)
+      repro_lib.execute_logged(command_for(name, hops, steps, workdir, used, seed, extra),
+                               workdir)
   if not os.path.exists(summary_path):
     return None
   with open(summary_path) as f:
     s = json.load(f)
+  launches = repro_lib.invocations(workdir)
   depth = int(re.search(r'\d+', name)[0])
   return {'model': name, 'hops': hops, **{f'{h}_targets': h in used for h in HELPERS},
-          'steps': s['step'], 'depth': depth,
+          'seed': seed, 'steps': s['step'], 'depth': depth,
           'kind': 'transformer' if name.startswith('t') else 'context_ready',
           'level_accuracy': s['level_accuracy'], 'final_query_accuracy': s['final_query_accuracy'],
           'table_key_accuracy': s['table_key_accuracy'], 'levels_solved': s['levels_solved'],
           'train_loss': s.get('train_loss'), 'wall_time_seconds': s.get('wall_time_seconds'),
           'eval_examples': s.get('eval_examples'),
-          'command': f'python -m ctr_jax.main --config=configs/pointer_chasing.py:{arg} --workdir=DIR'}
+          # The last launch; a resume is listed in `invocations` with the step it resumed from.
+          'command': launches[-1]['command'] if launches else None,
+          'invocations': launches}
+
+
+def probe_step_seconds(name: str, hops: int, root: str, probe_steps: int,
+                       extra: tuple[str, ...] = ()) -> float:
+  """Seconds per training step of one model, from a short run of the trainer itself (the rate
+  logged over the second half of the probe, after compilation)."""
+  workdir = os.path.join(root, 'probes', f'h{hops}_{name}')
+  half = max(1, probe_steps // 2)
+  command = command_for(name, hops, probe_steps, workdir, extra=(
+      *extra, f'--config.log_every={half}', f'--config.eval_every={10 * probe_steps}',
+      f'--config.checkpoint_every={10 * probe_steps}'))
+  if os.path.isdir(workdir):
+    shutil.rmtree(workdir)  # a probe is timed from scratch, never resumed
+  if repro_lib.execute_logged(command, workdir):
+    raise RuntimeError(f'the step-time probe of {name} failed: {" ".join(command)}')
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f if 'tokens_per_second' in line]
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = json.load(f)
+  tokens_per_step = config['batch_size'] * config['data']['seq_len']
+  return tokens_per_step / rows[-1]['tokens_per_second']
+
+
+def steps_within(budget_s: float, step_seconds: dict[str, float], steps: int) -> int:
+  """The step count every model gets so that the whole sweep trains within `budget_s`
+  (training only: start-up and compilation come on top), at most `steps`."""
+  fitting = int(budget_s / sum(step_seconds.values()))
+  return max(1, min(steps, fitting))
 
 
 def _key(r):
-  return r['model'], r['hops'], helpers(r)
+  return r['model'], r['hops'], helpers(r), r.get('seed', 0)
 
 
 def _name(r):
-  return ' + '.join((r['model'],) + helpers(r))
+  seed = f" (seed {r['seed']})" if r.get('seed') else ''
+  return ' + '.join((r['model'],) + helpers(r)) + seed
 
 
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
@@ -179,7 +236,19 @@ def main(argv):
   del argv
   names = FLAGS.models.split(',') if FLAGS.models else sweep_models(FLAGS.hops)
   used = tuple(h for h in HELPERS if FLAGS[f'{h}_targets'].value)
-  results = [r for r in (run(n, FLAGS.hops, FLAGS.steps, FLAGS.root, used) for n in names) if r]
+  extra = tuple(FLAGS.extra.split())
+  steps = FLAGS.steps
+  if FLAGS.time_budget_s > 0 and not FLAGS.report_only:
+    seconds = {n: probe_step_seconds(n, FLAGS.hops, FLAGS.root, FLAGS.probe_steps, extra)
+               for n in names}
+    steps = steps_within(FLAGS.time_budget_s, seconds, FLAGS.steps)
+    print('step times: ' + ', '.join(f'{n} {1e3 * t:.1f} ms' for n, t in seconds.items()))
+    if steps < FLAGS.steps:
+      print(f'WARNING: --steps={FLAGS.steps} does not fit --time_budget_s='
+            f'{FLAGS.time_budget_s:g}; every model trains {steps} steps instead', flush=True)
+  results = [r for r in (run(n, FLAGS.hops, steps, FLAGS.root, used, seed, extra,
+                             train=not FLAGS.report_only)
+                         for seed in range(FLAGS.seeds) for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')
   previous = []
   if os.path.exists(report):

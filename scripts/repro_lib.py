@@ -45,13 +45,13 @@ class Run:
   def command(self, root: str, extra: tuple = ()) -> list[str]:
     overrides = list(self.overrides)
     if self.init_from is not None:
-      overrides.append(('config.init_from', _shown(self.init_from.workdir(root))))
+      overrides.append(('config.init_from', shown(self.init_from.workdir(root))))
     return ['python', '-m', 'ctr_jax.main', f'--config=configs/repro.py:{self.arg},seed={self.seed}',
-            f'--workdir={_shown(self.workdir(root))}', *(f'--{k}={v}' for k, v in overrides),
+            f'--workdir={shown(self.workdir(root))}', *(f'--{k}={v}' for k, v in overrides),
             *extra]
 
 
-def _shown(path: str) -> str:
+def shown(path: str) -> str:
   """A path as a command shows it: relative to the repository root when inside it (the runner
   launches from there)."""
   return os.path.relpath(path, ROOT) if _inside(path, ROOT) else os.path.abspath(path)
@@ -85,8 +85,12 @@ def execute(run: Run, root: str, extra: tuple = ()) -> int:
   """Trains (or resumes) `run` unless it has finished; returns the trainer's exit code."""
   if finished(run, root):
     return 0
-  workdir = run.workdir(root)
-  command = run.command(root, extra)
+  return execute_logged(run.command(root, extra), run.workdir(root))
+
+
+def execute_logged(command: list[str], workdir: str) -> int:
+  """Runs `python -m ctr_jax.main ...` (command[0] is shown as 'python', run with this
+  interpreter) from the repository root and appends the launch to the workdir's ledger."""
   resumed_from = latest_checkpoint(workdir)
   print('+', ' '.join(command), flush=True)
   start = time.time()
@@ -96,6 +100,15 @@ def execute(run: Run, root: str, extra: tuple = ()) -> int:
       f.write(json.dumps({'command': ' '.join(command), 'resumed_from_step': resumed_from,
                           'exit_code': code, 'seconds': round(time.time() - start, 1)}) + '\n')
   return code
+
+
+def invocations(workdir: str) -> list[dict]:
+  """Every launch recorded in the workdir's ledger, oldest first."""
+  path = os.path.join(workdir, 'invocations.jsonl')
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
 
 
 def _metrics_rows(workdir: str) -> list[dict]:
@@ -116,16 +129,15 @@ def collect(run: Run, root: str) -> dict | None:
   workdir = run.workdir(root)
   config, summary = (_read_json(os.path.join(workdir, n)) for n in ('config.json',
                                                                       'summary.json'))
-  with open(os.path.join(workdir, 'invocations.jsonl')) as f:
-    invocations = [json.loads(line) for line in f if line.strip()]
+  launches = invocations(workdir)
   evals = [{k: r[k] for k in ('step',) + EVAL_KEYS if k in r}
            for r in _metrics_rows(workdir) if 'val_loss' in r]
   from ctr_jax import models  # pylint: disable=g-import-not-at-top
   model_cfg = models.model_config(**_model_fields(config['model']))
   return {'study': run.study, 'group': run.group, 'seed': run.seed, 'name': run.name,
           # Every launch's command; they are identical, a resume is the same command again.
-          'command': invocations[-1]['command'] if invocations else ' '.join(run.command(root)),
-          'invocations': invocations, 'config': config, 'steps': summary['step'],
+          'command': launches[-1]['command'] if launches else ' '.join(run.command(root)),
+          'invocations': launches, 'config': config, 'steps': summary['step'],
           'tokens': summary['step'] * config['batch_size'] * config['data']['seq_len'],
           'wall_time_seconds': summary.get('wall_time_seconds'),
           'num_params': summary.get('num_params'),

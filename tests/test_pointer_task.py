@@ -103,3 +103,25 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   assert len(json.loads((tmp_path / 'pointer_chasing.json').read_text())) == 4
   assert (tmp_path / 'pointer_chasing.png').stat().st_size > 0
   assert len({sweep._key(r) for r in runs}) == 4  # pylint: disable=protected-access
+
+
+def test_gpu_sweep_script_fits_its_budget_and_records_commands(tmp_path):
+  """launch/pointer_chasing_h10.sh on tiny settings: a probe per model, the step count cut to
+  the budget with a warning, and every row's command being the launch that trained it."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  tiny = ('--config.batch_size=4 --config.model.width=32 --config.eval_batches=1 '
+          '--config.pointer_eval_examples=16')
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT, 'POINTER_BUDGET_S': '0.05',
+         'POINTER_ARGS': '--hops=2 --models=t1 --steps=500 --probe_steps=4'}
+  out = subprocess.run(['bash', 'launch/pointer_chasing_h10.sh', f'--root={tmp_path}/runs',
+                        f'--docs={tmp_path}/docs', f'--extra={tiny}'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'WARNING: --steps=500 does not fit' in out.stdout
+  [row] = json.loads((tmp_path / 'docs' / 'pointer_chasing.json').read_text())
+  assert 1 <= row['steps'] < 500
+  assert row['command'] == (
+      f"python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=2,model=t1,"
+      f"steps={row['steps']} --workdir={tmp_path}/runs/h2_t1 {tiny}")
+  assert [i['resumed_from_step'] for i in row['invocations']] == [None]
