@@ -20,6 +20,7 @@ def test_tiny_bench_writes_every_section(tmp_path):
   results = runner.run(config, log=lambda *_: None)
   assert results['peak_flops'] > 0 and results['bandwidth'] > 0
   assert {r['label'] for r in results['train']} == {'t2_c32', 'd1_c32'}
+  assert [r['m'] for r in results['train'] if r['label'] == 'd1_c32'] == [0, 1]
   assert all(r['tokens_per_second'] > 0 and 0 < r['mfu'] for r in results['train'])
   assert len(results['decode']) == 4 and len(results['decode_pairs']) == 2
   assert results['prefill']['max_abs_logit_diff'] < 1e-2
@@ -31,6 +32,16 @@ def test_tiny_bench_writes_every_section(tmp_path):
   text = path.read_text()
   assert text.count('<!-- bench:tiny -->') == 1 and 'Hand-written text.' in text
   assert '#### Training throughput' in text and '#### Prefill' in text
+  assert '| d1_c32 | 2 | 1 |' in text and '| d1_c32 | 2 | all |' in text
+
+
+def test_bench_rejects_m_beyond_k():
+  from configs.bench import tiny  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  config.train[2]['m'] = 3
+  with pytest.raises(ValueError, match=r'bench.train\[2\].m: got 3'):
+    runner.validate(config)
 
 
 def test_bad_bench_config_is_one_line(tmp_path):

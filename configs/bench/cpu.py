@@ -27,6 +27,11 @@ def get_config(arg=None):
     for k in (2, 4):
       rows.append({'label': f'd2_c{width}', 'k': k, 'seq_len': 256, 'batch': 8,
                    'model': {'kind': 'context_ready', 'depth': 2, 'k_unroll': k, **common}})
+  # What K and m (backpropagating through the last m of K iterations) cost: d2_c256.
+  common = {'width': 256, 'num_heads': 4, 'vocab_size': 4096, 'max_len': 1024}
+  for k, m in ((8, 0), (8, 2), (8, 1), (4, 1)):
+    rows.append({'label': 'd2_c256', 'k': k, 'm': m, 'seq_len': 256, 'batch': 8,
+                 'model': {'kind': 'context_ready', 'depth': 2, 'k_unroll': k, **common}})
   rows.append({'label': 't6_c512 (peer shape)', 'k': 0, 'seq_len': 256, 'batch': 8,
                'model': base.peer_shape()})
   c.train = rows

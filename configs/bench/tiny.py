@@ -19,6 +19,8 @@ def get_config(arg=None):
   c.train = [{'label': 't2_c32', 'k': 0, 'seq_len': 16, 'batch': 2,
               'model': {'kind': 'transformer', 'depth': 2, **tiny}},
              {'label': 'd1_c32', 'k': 2, 'seq_len': 16, 'batch': 2,
+              'model': {'kind': 'context_ready', 'depth': 1, 'k_unroll': 2, **tiny}},
+             {'label': 'd1_c32', 'k': 2, 'm': 1, 'seq_len': 16, 'batch': 2,
               'model': {'kind': 'context_ready', 'depth': 1, 'k_unroll': 2, **tiny}}]
   c.peer.update(width=32, depth=2, heads=2, vocab=64, seq_len=16, batch=2,
                 matched_label='t2_c32')

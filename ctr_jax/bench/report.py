@@ -38,11 +38,13 @@ def markdown(results: dict) -> str:
     out += [f'Note: {note}', '']
   if r.get('train'):
     out += ['#### Training throughput', '']
-    rows = [[t['label'], t['k'] or '–', t['seq_len'], t['batch'], t['params'], t['step_ms'],
-             t['tokens_per_second'], f"{100 * t['mfu']:.1f}%",
-             f"{t['vs_peer']:.2f}×" if t.get('vs_peer') else '–'] for t in r['train']]
-    out += _table(['model', 'K', 'T', 'B', 'params', 'step ms', 'tokens/s', 'MFU', 'vs peer'],
-                  rows)
+    # m: iterations backpropagated (the last m of K; 'all' = full backpropagation).
+    rows = [[t['label'], t['k'] or '–', (t.get('m') or 'all') if t['k'] else '–', t['seq_len'],
+             t['batch'], t['params'], t['step_ms'], t['tokens_per_second'],
+             f"{100 * t['mfu']:.1f}%", f"{t['vs_peer']:.2f}×" if t.get('vs_peer') else '–']
+            for t in r['train']]
+    out += _table(['model', 'K', 'm', 'T', 'B', 'params', 'step ms', 'tokens/s', 'MFU',
+                   'vs peer'], rows)
   if r.get('decode'):
     out += ['#### Decode (ms per generated position, greedy, KV cache)', '']
     rows = [[d['label'], d['batch'], d['params'], d['ms_per_token'], d['roofline_ms'],

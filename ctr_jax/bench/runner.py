@@ -26,8 +26,12 @@ def validate(config) -> None:
       raise ValueError(f'bench.{field}: got {config[field]}, must be >= 1')
   if 'decode' in sections and any(b < 1 for b in config.decode.batches):
     raise ValueError(f'bench.decode.batches: got {list(config.decode.batches)}, each must be >= 1')
-  for entry in config.train:
+  for i, entry in enumerate(config.train):
     suite.model_config(_with_dtype(entry['model'], config.dtype))  # raises on a bad model field
+    k, m = entry.get('k', 0), entry.get('m', 0)
+    if m and not (entry['model'].get('kind') == 'context_ready' and 0 < m <= k):
+      raise ValueError(f'bench.train[{i}].m: got {m}, allowed 0 (all iterations) or 1..k={k} '
+                       'for a context-ready model')
 
 
 def _with_dtype(fields: dict, dtype: str) -> dict:
@@ -68,12 +72,14 @@ def run(config, log=print) -> dict:
     for entry in config.train:
       fields = _with_dtype(entry['model'], config.dtype)
       row = suite.train_throughput(fields, seq_len=entry['seq_len'], batch=entry['batch'],
-                                   k_unroll=entry.get('k', 0), **reps)
+                                   k_unroll=entry.get('k', 0),
+                                   grad_iterations=entry.get('m', 0), **reps)
       row.update(label=entry.get('label') or _label(fields), k=entry.get('k', 0),
+                 m=entry.get('m', 0),
                  seq_len=entry['seq_len'], batch=entry['batch'])
       row['mfu'] = row['flops_per_token'] * row['tokens_per_second'] / results['peak_flops']
       results['train'].append(row)
-      log(f"  train {row['label']} K={row['k']}: {row['tokens_per_second']:.0f} tokens/s, "
+      log(f"  train {row['label']} K={row['k']} m={row['m'] or 'all'}: {row['tokens_per_second']:.0f} tokens/s, "
           f"MFU {100 * row['mfu']:.1f}%")
     if not peer_missing:
       p = config.peer
@@ -82,7 +88,7 @@ def run(config, log=print) -> dict:
       # The peer does the same matmul work as our matched baseline (same C, N, T, V).
       matched = next((t for t in results['train'] if t['label'] == p.matched_label), None)
       flops = matched['flops_per_token'] if matched else None
-      row.update(label=f"HF GPT-2, torch {row['torch']} ({row['threads']} threads)", k=0,
+      row.update(label=f"HF GPT-2, torch {row['torch']} ({row['threads']} threads)", k=0, m=0,
                  seq_len=p.seq_len, batch=p.batch, params=None,
                  mfu=flops * row['tokens_per_second'] / results['peak_flops'] if flops else 0.0)
       if matched:

@@ -38,9 +38,12 @@ def training_flops_per_token(spec, seq_len: int, k_unroll: int) -> float:
 
 
 def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, warmup: int,
-                     repeats: int) -> dict:
+                     repeats: int, grad_iterations: int = 0) -> dict:
   """Tokens/s of the trainer's own step (`train_step.make_train_step` with the language-modelling
-  loss, AdamW, clipping and the norm metrics), jitted and donated as the trainer does."""
+  loss, AdamW, clipping and the norm metrics), jitted and donated as the trainer does.
+
+  grad_iterations: backpropagate through the last m of the K iterations only
+  (`config.train.grad_iterations`; 0 = all)."""
   cfg = model_config(fields)
   model = models.build(cfg)
   optim_config = ml_collections.ConfigDict({'lr': 1e-4, 'warmup_steps': 0, 'min_lr_ratio': 1.0,
@@ -50,7 +53,9 @@ def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, w
   params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32))['params']
   state = {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params)}
   k = k_unroll if cfg.kind == 'context_ready' else None
-  step_fn = train_step.make_train_step(model, tx, losses.model_loss, base_rng=jax.random.key(1),
+  loss_fn = functools.partial(losses.model_loss,
+                              recipe=train_step.Recipe(grad_iterations=grad_iterations))
+  step_fn = train_step.make_train_step(model, tx, loss_fn, base_rng=jax.random.key(1),
                                        deterministic=cfg.dropout == 0)
   step = jax.jit(functools.partial(step_fn, k_unroll=k), donate_argnums=0)
 
