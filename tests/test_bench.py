@@ -24,6 +24,8 @@ def test_tiny_bench_writes_every_section(tmp_path):
   assert all(r['tokens_per_second'] > 0 and 0 < r['mfu'] for r in results['train'])
   assert len(results['decode']) == 4 and len(results['decode_pairs']) == 2
   assert results['prefill']['max_abs_logit_diff'] < 1e-2
+  [generate] = results['generate']
+  assert generate['whole_call_ms'] > 0 and generate['marginal_ms_per_token'] >= 0
   assert set(results['scaling']['train']['by_k']) == {1, 2}
   path = tmp_path / 'benchmarks.md'
   path.write_text('# Benchmarks\n\nHand-written text.\n')
@@ -32,6 +34,7 @@ def test_tiny_bench_writes_every_section(tmp_path):
   text = path.read_text()
   assert text.count('<!-- bench:tiny -->') == 1 and 'Hand-written text.' in text
   assert '#### Training throughput' in text and '#### Prefill' in text
+  assert '#### `decode.generate` as users call it' in text
   assert '| d1_c32 | 2 | 1 |' in text and '| d1_c32 | 2 | all |' in text
 
 

@@ -4,7 +4,9 @@ Sections (`sections`, comma-separated): train, decode, prefill, scaling.
   train:   one row per entry of `train` ({label, model: model-config fields, k, seq_len, batch});
            the PyTorch peer (`peer`) runs beside the entry labelled `peer.matched_label`.
   decode:  each model of each `decode.pairs` pair at each batch size, paper sizes by name; then
-           `decode.matched_model` against the peer's `generate`.
+           `decode.matched_model` against the peer's `generate` (marginal ms per token).
+  generate: `decode.generate` whole calls at `generate.model` against the peer's whole calls,
+           with the marginal figure beside them.
   prefill: `prefill.model` on a `prefill.prompt_len` prompt, sequential vs parallel fixed point.
   scaling: training step time against K and T (`scaling.train_model`) and batch-1 decode time
            against the context length (`scaling.decode_model`).
@@ -22,7 +24,7 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
   c.name = name
   c.command = command
   c.output = ''
-  c.sections = 'train,decode,prefill,scaling'
+  c.sections = 'train,decode,generate,prefill,scaling'
   c.dtype = 'float32'
   c.warmup = 2
   c.repeats = 5
@@ -35,6 +37,9 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
   c.decode = ml_collections.ConfigDict({
       'pairs': PAPER_PAIRS, 'batches': [1, 8], 'prompt_len': 16, 'new_tokens': 64,
       'vocab_size': 32000, 'paper_ms': PAPER_DECODE_MS, 'matched_model': peer_shape()})
+  # decode.generate(model, variables, prompt[:B, :8], 128, rng) at the peer's shape.
+  c.generate = ml_collections.ConfigDict({'model': peer_shape(), 'batches': [1, 8],
+                                          'prompt_len': 8, 'new_tokens': 128})
   c.prefill = ml_collections.ConfigDict({
       'model': {'kind': 'context_ready', 'width': 256, 'depth': 2, 'num_heads': 4,
                 'vocab_size': 4096, 'max_len': 1024},

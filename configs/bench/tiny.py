@@ -31,6 +31,8 @@ def get_config(arg=None):
   c.decode.new_tokens = 4
   c.decode.vocab_size = 64
   c.decode.matched_model = {}
+  c.generate.update(model={'kind': 'transformer', 'depth': 2, **tiny}, batches=[1],
+                    prompt_len=4, new_tokens=4)
   c.prefill.model = {'kind': 'context_ready', 'depth': 1, **tiny}
   c.prefill.prompt_len = 12
   c.scaling.train_model = {'kind': 'context_ready', 'depth': 1, **tiny}

@@ -66,3 +66,24 @@ def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int
 
   seconds = timing.per_item_seconds(run, 1, 1 + new_tokens, warmup=warmup, repeats=repeats)
   return {'ms_per_token': 1e3 * seconds}
+
+
+def generate_call(*, width: int, depth: int, heads: int, vocab: int, batch: int, prompt_len: int,
+                  new_tokens: int, warmup: int, repeats: int) -> dict:
+  """`model.generate` timed as users call it (whole calls, greedy, KV cache), and its marginal
+  ms per token from differencing `new_tokens` and 1 new tokens."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model = _model(width, depth, heads, vocab, max(prompt_len + new_tokens + 1, 1024))
+  model.eval()
+  prompt = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+  mask = torch.ones_like(prompt)
+
+  def call(n):
+    with torch.inference_mode():
+      return model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False, use_cache=True, pad_token_id=0)
+
+  whole = timing.median_seconds(lambda: call(new_tokens), warmup=warmup, repeats=repeats)
+  marginal = timing.per_item_seconds(call, 1, new_tokens, warmup=warmup, repeats=repeats)
+  return {'whole_call_ms': 1e3 * whole, 'marginal_ms_per_token': 1e3 * marginal,
+          'overhead_ms': 1e3 * (whole - new_tokens * marginal)}

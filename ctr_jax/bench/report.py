@@ -60,6 +60,20 @@ def markdown(results: dict) -> str:
               for p in r['decode_pairs']]
       out += _table(['context-ready', 'transformer', 'B', 'speedup (transformer ms ÷ CRT ms)',
                      'paper'], rows)
+  if r.get('generate'):
+    g = r['generate']
+    out += ['#### `decode.generate` as users call it (whole calls vs marginal per token)', '',
+            f"{g[0]['label']}, {g[0]['prompt_len']}-token prompt, {g[0]['new_tokens']} new tokens, "
+            'greedy; whole calls include the prefill and every per-call cost, the marginal '
+            'figure is (t(n) - t(1)) / (n - 1) of the same call.', '']
+    ratio = lambda x: f'{x:.2f}×' if x else '–'
+    rows = [[x['batch'], x['whole_call_ms'], x['marginal_ms_per_token'], x['overhead_ms'],
+             x['peer']['whole_call_ms'] if 'peer' in x else '–',
+             x['peer']['marginal_ms_per_token'] if 'peer' in x else '–',
+             ratio(x.get('vs_peer_whole')), ratio(x.get('vs_peer_marginal'))] for x in g]
+    out += _table(['B', 'ours: whole call ms', 'ours: marginal ms/token', 'ours: overhead ms',
+                   'peer: whole call ms', 'peer: marginal ms/token', 'peer ÷ ours (whole)',
+                   'peer ÷ ours (marginal)'], rows)
   if r.get('prefill'):
     p = r['prefill']
     out += ['#### Prefill: sequential scan vs parallel fixed point', '',

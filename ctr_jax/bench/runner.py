@@ -8,7 +8,7 @@ import datetime
 
 from ctr_jax.bench import machine, peer, suite
 
-SECTIONS = ('train', 'decode', 'prefill', 'scaling')
+SECTIONS = ('train', 'decode', 'generate', 'prefill', 'scaling')
 DTYPES = ('float32', 'bfloat16')
 
 
@@ -144,6 +144,27 @@ def run(config, log=print) -> dict:
           results['decode'].append(row)
         log(f"  decode {row['label']} B={batch}: {row['ms_per_token']:.2f} ms/token"
             + (f", peer ÷ ours {row['vs_peer']:.2f}" if 'vs_peer' in row else ''))
+
+  if 'generate' in sections:
+    g = config.generate
+    results['generate'] = []
+    for batch in g.batches:
+      fields = _with_dtype(g.model, config.dtype)
+      shape = dict(batch=batch, prompt_len=g.prompt_len, new_tokens=g.new_tokens)
+      row = suite.generate_call(fields, **shape, **reps)
+      row.update(label=_label(fields), **shape)
+      if not peer_missing:
+        p = config.peer
+        theirs = peer.generate_call(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
+                                    **shape, **reps)
+        row['peer'] = theirs
+        row['vs_peer_whole'] = _ratio(theirs['whole_call_ms'], row['whole_call_ms'])
+        row['vs_peer_marginal'] = _ratio(theirs['marginal_ms_per_token'],
+                                         row['marginal_ms_per_token'])
+      results['generate'].append(row)
+      log(f"  generate B={batch}: whole call {row['whole_call_ms']:.1f} ms, "
+          f"{row['marginal_ms_per_token']:.2f} ms/token marginal"
+          + (f", peer ÷ ours {row['vs_peer_whole']:.2f} (whole)" if 'peer' in row else ''))
 
   if 'prefill' in sections:
     p = config.prefill

@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from ctr_jax import decode, losses, models, optim, train_step
 from ctr_jax.bench import timing
@@ -105,6 +106,24 @@ def decode_latency(fields: dict, *, batch: int, prompt_len: int, new_tokens: int
   context = prompt_len + new_tokens / 2
   return {'ms_per_token': 1e3 * seconds,
           'bytes_per_step': decode_bytes_per_step(cfg, variables['params'], batch, context),
+          'params': models.count_params(variables)}
+
+
+def generate_call(fields: dict, *, batch: int, prompt_len: int, new_tokens: int, warmup: int,
+                  repeats: int) -> dict:
+  """`decode.generate` timed as a user calls it: whole calls (prefill of a `prompt_len` prompt,
+  then `new_tokens` greedy tokens), medians after warm-up, the result fetched to the host. Also
+  the marginal ms per token of the same call (differencing `new_tokens` and 1 new tokens), so the
+  per-call overhead shows as whole - new_tokens x marginal."""
+  cfg = model_config(fields)
+  model = models.build(cfg)
+  variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 0, cfg.vocab_size)
+  call = lambda n: np.asarray(decode.generate(model, variables, prompt, n, jax.random.key(2)))
+  whole = timing.median_seconds(lambda: call(new_tokens), warmup=warmup, repeats=repeats)
+  marginal = timing.per_item_seconds(call, 1, new_tokens, warmup=warmup, repeats=repeats)
+  return {'whole_call_ms': 1e3 * whole, 'marginal_ms_per_token': 1e3 * marginal,
+          'overhead_ms': 1e3 * (whole - new_tokens * marginal),
           'params': models.count_params(variables)}
 
 
