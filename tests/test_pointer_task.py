@@ -103,3 +103,22 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   assert len(json.loads((tmp_path / 'pointer_chasing.json').read_text())) == 4
   assert (tmp_path / 'pointer_chasing.png').stat().st_size > 0
   assert len({sweep._key(r) for r in runs}) == 4  # pylint: disable=protected-access
+
+
+def test_tables_encoding_through_the_config_and_the_task():
+  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
+  config = small('hops=2,model=t1,encoding=tables')
+  assert config.data.encoding == 'tables' and config.data.seq_len == 52
+  assert config.model.max_len == 52
+  pointer_task.validate_config(config)
+  task = pointer_task.PointerChasing(config, process_index=0, process_count=1)
+  assert next(task.train_iter)['tokens'].shape == (8, 52)
+  config.data.seq_len = 86
+  with pytest.raises(ValueError, match='seq_len'):
+    pointer_task.validate_config(config)
+  with pytest.raises(ValueError, match='encoding'):
+    pc_config.get_config('encoding=notes')
+  # Configs saved before the field existed read as 'sections'.
+  old = small('hops=2,model=t1')
+  del old.data['encoding']
+  pointer_task.validate_config(old)
