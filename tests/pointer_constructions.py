@@ -244,3 +244,75 @@ def transformer(hops: int, depth: int, encoding: str):
     _store_attention(block['attn'], q, k, v, o)
   _readout(params, feats, ('ans', 'qans', 'p2'), values, vocab)
   return model, params
+
+
+def _and_unit(fc_in, fc_out, n, feats, inputs, out_block, out_token):
+  """MLP unit n: adds 1 to (out_block, out_token) iff every feature in `inputs` is 1."""
+  fc_in.w[:, n] = BETA * sum(feats.read(block, token) for block, token in inputs)
+  fc_in.b[n] = -BETA * (len(inputs) - 0.5)
+  fc_out.w[n] += feats.write(out_block, out_token) * 2 / BETA
+
+
+def context_ready(hops: int, encoding: str):
+  """(model, params): a D = 1 context-ready model that answers every level through its correction.
+
+  The recurrent state carries what a transformer would need more layers for. Features of
+  z_{t-1} + e_t, read by the correction at t: tok (x_t), otok (x_{t-1}, moved there by the block
+  MLP), p1 (x_{t-2}), and t-1's ans, att. The correction writes into u_t:
+    p1     = x_{t-1};
+    ans    = at a table key (x_{t-1} = '='): att of the '=' (its target's answer) or the target
+             itself if it is a value;
+    pst    = x_{t-1} where x_{t-1} was a table key, and pans = that key's ans: so the position
+             after a table key is where the key's answer can be looked up;
+    lookup = at '=': the target key (x_{t-1}); at a query key (x_{t-1} = QUERY): the key.
+  The one attention head reads pans where pst == lookup (else its own pans, zero where it
+  matters) into att; the block MLP moves tok to otok and takes the anchor out of z, so that
+  z_{t-1} + e_t has one anchor at every t, t = 0 (z_{-1} = 0) included. Logits read ans + att.
+  A level-L key is answered once its target's table entry has passed: one position later, not
+  one layer more.
+  """
+  vocab, length = pc.vocab_size(hops), pc.seq_len(hops, encoding)
+  keys = [pc.key_token(lvl, i) for lvl in range(hops) for i in range(pc.NUM_KEYS)]
+  values = [pc.value_token(hops, v) for v in range(pc.NUM_VALUES)]
+  feats = Features([('anchor', 1), ('tok', vocab), ('otok', vocab), ('p1', vocab),
+                    ('ans', vocab), ('pst', vocab), ('pans', vocab), ('lookup', vocab),
+                    ('att', vocab)])
+  corr_units = [(((('otok', t),), 'p1', t)) for t in range(vocab)]
+  corr_units += [((('otok', pc.EQUALS), ('att', v)), 'ans', v) for v in values]
+  corr_units += [((('otok', pc.EQUALS), ('p1', v)), 'ans', v) for v in values]
+  corr_units += [((('p1', pc.EQUALS), ('otok', key)), 'pst', key) for key in keys]
+  corr_units += [((('p1', pc.EQUALS), ('ans', v)), 'pans', v) for v in values]
+  corr_units += [((('tok', pc.EQUALS), ('otok', key)), 'lookup', key) for key in keys]
+  corr_units += [((('tok', key), ('otok', pc.QUERY)), 'lookup', key) for key in keys]
+  mlp_dim = max(len(corr_units), vocab)
+  model, params = init_params(dict(kind='context_ready', depth=1, k_unroll=1, vocab_size=vocab,
+                                   width=feats.width, num_heads=NUM_HEADS, head_dim=HEAD_DIM,
+                                   mlp_dim=mlp_dim, max_len=length, dropout=0.0), length)
+  params = unfreeze(params)
+  set_norms(params)
+  params['embed']['embedding'] = _embedding(feats, vocab)
+
+  fc_in, fc_out = Dense(feats.width, mlp_dim), Dense(mlp_dim, feats.width)
+  for n, (inputs, block, token) in enumerate(corr_units):
+    _and_unit(fc_in, fc_out, n, feats, inputs, block, token)
+  set_dense(params['correction']['ffn']['fc_in'], fc_in)
+  set_dense(params['correction']['ffn']['fc_out'], fc_out)
+
+  block = params['blocks']['block_0']
+  amp, strength, _ = score_scales(length, len(keys))
+  q, k, v, o = _layer_dense(feats.width)
+  lookup = Head(feats, q, k, v, o, 0)
+  lookup.positional(0, amp)
+  lookup.content('lookup', 'pst', keys, strength)
+  lookup.move(('pans',), 'att', values)
+  _store_attention(block['attn'], q, k, v, o)
+  fc_in, fc_out = Dense(feats.width, mlp_dim), Dense(mlp_dim, feats.width)
+  for t in range(vocab):  # tok -> otok
+    fc_in.w[:, t] = BETA * feats.read('tok', t)
+    fc_in.b[t] = -0.5 * BETA
+    fc_out.w[t] = (feats.write('otok', t) - feats.write('tok', t)) * 2 / BETA
+  fc_out.b = -ANCHOR * feats.write('anchor', 0)
+  set_dense(block['mlp']['fc_in'], fc_in)
+  set_dense(block['mlp']['fc_out'], fc_out)
+  _readout(params, feats, ('ans', 'att'), values, vocab)
+  return model, params

@@ -55,3 +55,19 @@ def test_one_more_layer_one_more_level_in_the_sections_encoding():
   metrics = transformer_levels(5, 4, 'sections')
   assert solved(metrics['level_accuracy']) == ['L0', 'L1', 'L2', 'L3']
   assert metrics['final_query_accuracy'] < 0.2
+
+
+@pytest.mark.parametrize('hops,encoding', [(3, 'sections'), (3, 'tables'), (5, 'sections')])
+def test_one_layer_context_ready_model_solves_every_level_through_its_correction(hops, encoding):
+  """D = 1, evaluated by the exact sequential scan (what BPTT trains): every level, the final
+  query included. The same weights without the correction's carry (one parallel pass, c = 0)
+  answer nothing: the recurrence, not the one layer, does the chasing."""
+  model, params = constructions.context_ready(hops, encoding)
+  metrics = pointer_task.evaluate(pointer_task.model_predictor(model, params), hops,
+                                  num_examples=EXAMPLES, batch_size=64, encoding=encoding)
+  assert solved(metrics['level_accuracy']) == list(metrics['level_accuracy'])
+  assert metrics['final_query_accuracy'] == metrics['table_key_accuracy'] == 1.0
+  no_carry = pointer_task.evaluate(
+      pointer_task.model_predictor(model, params, mode='parallel', k_unroll=1), hops,
+      num_examples=EXAMPLES, batch_size=64, encoding=encoding)
+  assert solved(no_carry['level_accuracy']) == []
