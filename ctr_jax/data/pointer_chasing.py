@@ -25,8 +25,8 @@ Two encodings, both the author's (reference 7.2), chosen by `encoding`:
               L0..L3; 20 hops: "all 21 levels"): the tables alone, then the final `QUERY key`;
               T = 25H + 2, targets at the table keys and the final query; levels L0..L(H-1) are
               the table keys of each level, L(H) the final query. A level-L table key needs
-              L + 1 attention layers and so does an L-level query section in 'sections' only
-              from L = 2 on; docs/pointer_chasing.md ("Representability") counts them.
+              L + 1 attention layers; a level-L query section in 'sections' needs 2, 3 and
+              then L + 1 (L >= 2): docs/pointer_chasing.md, "Representability".
 
 Examples are a pure function of (seed, index): a SplitMix64 hash of the pair seeds each example's
 random numbers, so `sample`, `batch` and `PointerChasingSource` agree with each other, batches are
