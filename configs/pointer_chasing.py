@@ -21,6 +21,10 @@ Args:
   equals_targets: 1 adds helper targets on the '=' of every entry (all levels): the entry's
          resolved value, one token before its key, so every level's key can read its answer
          from the position before it as level-0 keys do. Our choice as well; default 0.
+  encoding: 'sections' (default: a query section after every table, the author's code) or
+         'tables' (tables and the final query only, the author's notes, on which his recorded
+         staircases were scored; T = 25H + 2, levels L0..L(H-1) = table keys, L(H) = final
+         query). See docs/pointer_chasing.md, "Representability".
   runlocal: a CPU smoke run of the same task: at most 200 steps, evaluated on 256 examples.
 Defaults follow the author's runs (reference section 7.3): width 128, 4 heads, Adam lr 1e-3
 (no weight decay, constant rate), gradient clipping 1.0, batch 64, dropout 0, PyTorch-default
@@ -35,11 +39,12 @@ from ctr_jax import models
 from ctr_jax.data import pointer_chasing
 
 
-def model_for(name: str, hops: int, width: int = 128, heads: int = 4):
+def model_for(name: str, hops: int, width: int = 128, heads: int = 4,
+              encoding: str = pointer_chasing.DEFAULT_ENCODING):
   """(model config, training recipe overrides) for a sweep name: 't<N>', 'd1_bptt', 'd<D>_k<K>'."""
   common_fields = dict(vocab_size=pointer_chasing.vocab_size(hops), width=width,
-                       num_heads=heads, max_len=pointer_chasing.seq_len(hops), dropout=0.0,
-                       init='torch')
+                       num_heads=heads, max_len=pointer_chasing.seq_len(hops, encoding),
+                       dropout=0.0, init='torch')
   if m := re.fullmatch(r't(\d+)', name):
     return models.model_config(kind='transformer', depth=int(m[1]), **common_fields), {}
   if m := re.fullmatch(r'd(\d+)_bptt', name):
@@ -55,9 +60,11 @@ def model_for(name: str, hops: int, width: int = 128, heads: int = 4):
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, hops=3, model='d1_bptt', steps=5000, width=128, seed=0,
-                              entry_targets=0, equals_targets=0, runlocal=False)
+                              entry_targets=0, equals_targets=0, encoding='sections',
+                              runlocal=False)
+  encoding = pointer_chasing.check_encoding(args.encoding)
   c = common.get_base()
-  c.model, recipe = model_for(args.model, args.hops, args.width)
+  c.model, recipe = model_for(args.model, args.hops, args.width, encoding=encoding)
   c.train.update(recipe)
   c.seed = args.seed
   c.data.name = 'pointer_chasing'
@@ -66,7 +73,8 @@ def get_config(arg=None):
     if args[helper] not in (0, 1):
       raise ValueError(f'config arg {helper}={args[helper]!r}: allowed 0 or 1')
     c.data[helper] = bool(args[helper])  # helper targets (training only); see the docstring
-  c.data.seq_len = pointer_chasing.seq_len(args.hops)
+  c.data.encoding = encoding
+  c.data.seq_len = pointer_chasing.seq_len(args.hops, encoding)
   c.batch_size = 64
   c.total_steps = args.steps
   c.optim.lr = 1e-3

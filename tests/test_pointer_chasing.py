@@ -227,3 +227,71 @@ def test_loss_on_targets_scores_the_key_positions_themselves():
   picked = [log_probs[b, t, targets[b, t]] for b, t in zip(*np.nonzero(targets >= 0))]
   assert float(pointer_task.loss_on_targets(logits, targets)) == pytest.approx(-np.mean(picked),
                                                                               rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The 'tables' encoding (the author's notes version).
+# ------------------------------------------------------------------------------------------------
+
+
+def drop_query_sections(row, hops):
+  """A 'sections' row with its query sections cut out: what 'tables' should be."""
+  keep = [row[42 * lvl:42 * lvl + 25] for lvl in range(hops)] + [row[-2:]]
+  return np.concatenate(keep)
+
+
+@pytest.mark.parametrize('hops,entry_targets,equals_targets',
+                         [(1, False, False), (3, False, False), (4, True, True)])
+def test_tables_encoding_is_the_sections_example_without_its_query_sections(
+    hops, entry_targets, equals_targets):
+  kwargs = dict(entry_targets=entry_targets, equals_targets=equals_targets)
+  tokens, targets = pc.batch(hops, 32, seed=5, encoding='tables', **kwargs)
+  full_tokens, full_targets = pc.batch(hops, 32, seed=5, **kwargs)
+  assert tokens.shape == targets.shape == (32, 25 * hops + 2) == (32, pc.seq_len(hops, 'tables'))
+  for row, full in ((tokens, full_tokens), (targets, full_targets)):
+    np.testing.assert_array_equal(row, [drop_query_sections(r, hops) for r in full])
+  assert not np.any(tokens[:, :-2] == pc.QUERY)  # only the final query asks
+  labels = pc.position_labels(hops, 'tables')
+  assert pc.QUERY_KEY not in labels.kind
+  counts = np.bincount(labels.kind, minlength=6)
+  assert counts[pc.TABLE_KEY] == 8 * hops and counts[pc.FINAL_QUERY] == 1
+  scored = np.isin(labels.kind, [pc.TABLE_KEY, pc.FINAL_QUERY])
+  assert np.all(targets[:, scored] >= 0)
+  plain = pc.batch(hops, 32, seed=5, encoding='tables')[1]
+  assert np.all((plain >= 0) == scored[None])
+
+
+def test_tables_encoding_levels_are_the_table_levels_and_the_final_query():
+  hops = 3
+
+  def knows_levels(max_level):
+    def predict(tokens):
+      out = np.zeros_like(tokens)
+      for i, row in enumerate(tokens):
+        full = pc.sample(hops, pc.EVAL_SEED, start_index[0] + i)
+        answers = drop_query_sections(full[1], hops)
+        assert np.array_equal(drop_query_sections(full[0], hops), row)
+        level = (row - 4) // 8
+        out[i] = np.where((answers >= 0) & (level <= max_level), answers, 0)
+      start_index[0] += len(tokens)
+      return out
+    start_index = [0]
+    return predict
+
+  perfect = pointer_task.evaluate(knows_levels(hops - 1), hops, num_examples=16, batch_size=8,
+                                  encoding='tables')
+  assert perfect['level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 1.0, 'L3': 1.0}
+  assert pointer_task.levels_solved(perfect['level_accuracy']) == 4
+  two = pointer_task.evaluate(knows_levels(1), hops, num_examples=16, batch_size=8,
+                              encoding='tables')
+  assert two['level_accuracy'] == {'L0': 1.0, 'L1': 1.0, 'L2': 0.0, 'L3': 0.0}
+
+
+def test_encoding_is_validated():
+  with pytest.raises(ValueError, match='encoding'):
+    pc.seq_len(3, 'notes')
+  with pytest.raises(ValueError, match='encoding'):
+    pc.batch(3, 2, seed=0, encoding='notes')
+  assert 'L0 table' in pc.format_example(*pc.sample(2, 0, encoding='tables'), encoding='tables')
+  assert 'query' not in pc.format_example(*pc.sample(2, 0, encoding='tables'),
+                                          encoding='tables')

@@ -125,3 +125,22 @@ def test_gpu_sweep_script_fits_its_budget_and_records_commands(tmp_path):
       f"python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=2,model=t1,"
       f"steps={row['steps']} --workdir={tmp_path}/runs/h2_t1 {tiny}")
   assert [i['resumed_from_step'] for i in row['invocations']] == [None]
+
+
+def test_tables_encoding_through_the_config_and_the_task():
+  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
+  config = small('hops=2,model=t1,encoding=tables')
+  assert config.data.encoding == 'tables' and config.data.seq_len == 52
+  assert config.model.max_len == 52
+  pointer_task.validate_config(config)
+  task = pointer_task.PointerChasing(config, process_index=0, process_count=1)
+  assert next(task.train_iter)['tokens'].shape == (8, 52)
+  config.data.seq_len = 86
+  with pytest.raises(ValueError, match='seq_len'):
+    pointer_task.validate_config(config)
+  with pytest.raises(ValueError, match='encoding'):
+    pc_config.get_config('encoding=notes')
+  # Configs saved before the field existed read as 'sections'.
+  old = small('hops=2,model=t1')
+  del old.data['encoding']
+  pointer_task.validate_config(old)

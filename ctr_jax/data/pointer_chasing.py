@@ -19,6 +19,15 @@ L index lookups plus one base lookup.
 Token ids: PAD=0, QUERY=1, '='=2, '|'=3, then the keys of level 0, 1, ..., H-1 (8 each), then the
 16 values: V = 4 + 8H + 16 (100 for H = 10), T = 42H + 2 (25 table + 17 query tokens per level).
 
+Two encodings, both the author's (reference 7.2), chosen by `encoding`:
+  'sections' (default): the layout above, his code's version; scored on the query sections.
+  'tables':   his notes' version, the one his recorded staircases were scored on (3 hops: levels
+              L0..L3; 20 hops: "all 21 levels"): the tables alone, then the final `QUERY key`;
+              T = 25H + 2, targets at the table keys and the final query; levels L0..L(H-1) are
+              the table keys of each level, L(H) the final query. A level-L table key needs
+              L + 1 attention layers; a level-L query section in 'sections' needs 2, 3 and
+              then L + 1 (L >= 2): docs/pointer_chasing.md, "Representability".
+
 Examples are a pure function of (seed, index): a SplitMix64 hash of the pair seeds each example's
 random numbers, so `sample`, `batch` and `PointerChasingSource` agree with each other, batches are
 generated without a Python loop over examples, and any example can be regenerated on its own.
@@ -62,6 +71,9 @@ NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY, ENTRY_TARGET, EQUALS_TARGET = 0, 1, 2, 
 # config.data (args of configs/pointer_chasing.py).
 HELPER_TARGETS = ('entry_targets', 'equals_targets')
 
+ENCODINGS = ('sections', 'tables')
+DEFAULT_ENCODING = 'sections'
+
 # Seed of the evaluation stream; negative so that no training seed (>= 0) can produce it.
 EVAL_SEED = -1
 
@@ -77,14 +89,26 @@ def _check_hops(hops: int) -> int:
   return int(hops)
 
 
+def check_encoding(encoding: str) -> str:
+  if encoding not in ENCODINGS:
+    raise ValueError(f'encoding must be one of {ENCODINGS}, got {encoding!r}')
+  return encoding
+
+
+def _level_len(encoding: str) -> int:
+  """Tokens per level: a table and its query section, or the table alone."""
+  return LEVEL_LEN if check_encoding(encoding) == 'sections' else TABLE_LEN
+
+
 def vocab_size(hops: int) -> int:
   """4 special tokens, 8 keys per level, 16 values: 100 for hops = 10."""
   return NUM_SPECIAL + NUM_KEYS * _check_hops(hops) + NUM_VALUES
 
 
-def seq_len(hops: int) -> int:
-  """T = 42 * hops + 2: per level a 25-token table and a 17-token query section, then the query."""
-  return LEVEL_LEN * _check_hops(hops) + 2
+def seq_len(hops: int, encoding: str = DEFAULT_ENCODING) -> int:
+  """T = 42 * hops + 2: per level a 25-token table and a 17-token query section, then the query
+  ('sections'); T = 25 * hops + 2 for 'tables'."""
+  return _level_len(encoding) * _check_hops(hops) + 2
 
 
 def key_token(level: int, key):
@@ -109,17 +133,18 @@ class PositionLabels(NamedTuple):
   level: np.ndarray
 
 
-def position_labels(hops: int) -> PositionLabels:
+def position_labels(hops: int, encoding: str = DEFAULT_ENCODING) -> PositionLabels:
   """Per-position section kinds and levels, for grouping accuracies by level."""
-  hops = _check_hops(hops)
-  kind = np.full(seq_len(hops), NONE, np.int32)
-  level = np.full(seq_len(hops), -1, np.int32)
+  hops, level_len = _check_hops(hops), _level_len(encoding)
+  kind = np.full(seq_len(hops, encoding), NONE, np.int32)
+  level = np.full(seq_len(hops, encoding), -1, np.int32)
   for lvl in range(hops):
-    start = LEVEL_LEN * lvl
+    start = level_len * lvl
     table_keys = start + 3 * np.arange(NUM_KEYS) + 2
-    query_keys = start + TABLE_LEN + 2 * np.arange(NUM_KEYS) + 1
-    kind[table_keys], kind[query_keys] = TABLE_KEY, QUERY_KEY
-    level[table_keys], level[query_keys] = lvl, lvl
+    kind[table_keys], level[table_keys] = TABLE_KEY, lvl
+    if encoding == 'sections':
+      query_keys = start + TABLE_LEN + 2 * np.arange(NUM_KEYS) + 1
+      kind[query_keys], level[query_keys] = QUERY_KEY, lvl
     kind[table_keys - 1], level[table_keys - 1] = EQUALS_TARGET, lvl
     if lvl:
       kind[table_keys - 2], level[table_keys - 2] = ENTRY_TARGET, lvl - 1
@@ -156,9 +181,14 @@ def _uniforms(keys: np.ndarray, count: int) -> np.ndarray:
 
 
 def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = False,
-              equals_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each."""
-  b, k = len(indices), NUM_KEYS
+              equals_targets: bool = False,
+              encoding: str = DEFAULT_ENCODING) -> tuple[np.ndarray, np.ndarray]:
+  """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each.
+
+  Both encodings draw the same tables and final query from (seed, index): a 'tables' example
+  is its 'sections' twin without the query sections.
+  """
+  b, k, level_len = len(indices), NUM_KEYS, _level_len(encoding)
   u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1)
   base_values = np.floor(u[:, :k] * NUM_VALUES).astype(np.int64)          # [B, 8]
   # Argsort of i.i.d. uniforms is a uniformly random permutation (ties have probability ~2^-53).
@@ -171,10 +201,10 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
   for lvl in range(1, hops):
     resolved.append(np.take_along_axis(resolved[-1], perms[:, lvl - 1], axis=1))
 
-  tokens = np.empty((b, seq_len(hops)), np.int32)
-  targets = np.full((b, seq_len(hops)), IGNORE, np.int32)
+  tokens = np.empty((b, seq_len(hops, encoding)), np.int32)
+  targets = np.full((b, seq_len(hops, encoding)), IGNORE, np.int32)
   for lvl in range(hops):
-    start = LEVEL_LEN * lvl
+    start = level_len * lvl
     keys = table_order[:, lvl]
     if lvl == 0:
       pointed = value_token(hops, np.take_along_axis(base_values, keys, axis=1))
@@ -191,6 +221,8 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
     if equals_targets:  # the key points to its entry's target side, so they resolve alike
       targets[:, start + 1:start + 3 * k:3] = targets[:, start + 2:start + 3 * k:3]
     tokens[:, start + 3 * k] = SEP
+    if encoding == 'tables':
+      continue
 
     start += TABLE_LEN
     keys = query_order[:, lvl]
@@ -206,22 +238,25 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
 
 
 def sample(hops: int, seed: int, index: int = 0, entry_targets: bool = False,
-           equals_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
+           equals_targets: bool = False,
+           encoding: str = DEFAULT_ENCODING) -> tuple[np.ndarray, np.ndarray]:
   """Example `index` of stream `seed`: (tokens, targets), int32 [T] each (targets -1 off keys).
 
   entry_targets: also give the target side of each index-table entry (a key of the level
     below) its resolved value; see ENTRY_TARGET. Tokens do not change.
   equals_targets: also give each entry's '=' the entry's resolved value; see EQUALS_TARGET.
+  encoding: 'sections' or 'tables' (see the module docstring).
   """
   if index < 0:
     raise ValueError(f'index must be >= 0, got {index}')
   tokens, targets = _generate(_check_hops(hops), seed, np.array([index], np.int64),
-                              entry_targets, equals_targets)
+                              entry_targets, equals_targets, check_encoding(encoding))
   return tokens[0], targets[0]
 
 
 def batch(hops: int, batch_size: int, seed: int, start: int = 0, entry_targets: bool = False,
-          equals_targets: bool = False) -> tuple[np.ndarray, np.ndarray]:
+          equals_targets: bool = False,
+          encoding: str = DEFAULT_ENCODING) -> tuple[np.ndarray, np.ndarray]:
   """Examples start .. start + batch_size - 1 of stream `seed`: int32 [B, T] tokens, targets.
 
   A trainer can take step s as `batch(hops, B, seed, start=s * B)`: one endless stream, no
@@ -230,7 +265,8 @@ def batch(hops: int, batch_size: int, seed: int, start: int = 0, entry_targets: 
   if batch_size < 1 or start < 0:
     raise ValueError(f'need batch_size >= 1 and start >= 0, got {batch_size} and {start}')
   indices = np.arange(start, start + batch_size, dtype=np.int64)
-  return _generate(_check_hops(hops), seed, indices, entry_targets, equals_targets)
+  return _generate(_check_hops(hops), seed, indices, entry_targets, equals_targets,
+                   check_encoding(encoding))
 
 
 class PointerChasingSource:
@@ -240,8 +276,9 @@ class PointerChasingSource:
   """
 
   def __init__(self, hops: int, num_examples: int, seed: int, entry_targets: bool = False,
-               equals_targets: bool = False):
+               equals_targets: bool = False, encoding: str = DEFAULT_ENCODING):
     self.hops = _check_hops(hops)
+    self.encoding = check_encoding(encoding)
     self.entry_targets = bool(entry_targets)
     self.equals_targets = bool(equals_targets)
     if num_examples < 1:
@@ -256,13 +293,13 @@ class PointerChasingSource:
     if not -self.num_examples <= index < self.num_examples:
       raise IndexError(f'index {index} out of range for {self.num_examples} examples')
     tokens, targets = sample(self.hops, self.seed, int(index) % self.num_examples,
-                             self.entry_targets, self.equals_targets)
+                             self.entry_targets, self.equals_targets, self.encoding)
     return {'tokens': tokens, 'targets': targets}
 
   def __repr__(self) -> str:
     return (f'PointerChasingSource(hops={self.hops}, num_examples={self.num_examples}, '
             f'seed={self.seed}, entry_targets={self.entry_targets}, '
-            f'equals_targets={self.equals_targets})')
+            f'equals_targets={self.equals_targets}, encoding={self.encoding!r})')
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,22 +325,26 @@ def token_name(hops: int, token: int) -> str:
   return f'<{token}>'
 
 
-def format_example(tokens, targets) -> str:
-  """Tables, query sections and the final query of one example, with each key's target."""
+def format_example(tokens, targets, encoding: str = DEFAULT_ENCODING) -> str:
+  """Tables, query sections (if any) and the final query of one example, with each key's
+  target."""
   tokens, targets = np.asarray(tokens), np.asarray(targets)
-  hops, rest = divmod(len(tokens) - 2, LEVEL_LEN)
+  level_len = _level_len(encoding)
+  hops, rest = divmod(len(tokens) - 2, level_len)
   if tokens.ndim != 1 or rest or hops < 1 or targets.shape != tokens.shape:
-    raise ValueError(f'expected one example of length 42 * hops + 2, got shapes {tokens.shape} '
-                     f'and {targets.shape}')
+    raise ValueError(f'expected one {encoding!r} example of length {level_len} * hops + 2, got '
+                     f'shapes {tokens.shape} and {targets.shape}')
   name = lambda t: token_name(hops, t)
   resolved = lambda t: f':{name(targets[t])}' if targets[t] >= 0 else ''
   lines = [f'pointer chasing: hops={hops}, T={len(tokens)}, {int(np.sum(targets >= 0))} targets']
   for lvl in range(hops):
-    start = LEVEL_LEN * lvl
+    start = level_len * lvl
     entries = [f'{name(tokens[i])}{resolved(i)}{name(tokens[i + 1])}'
                f'{resolved(i + 1) and resolved(i + 1) + " "}{name(tokens[i + 2])}{resolved(i + 2)}'
                for i in range(start, start + 3 * NUM_KEYS, 3)]
     lines.append(f'L{lvl} table: ' + ' '.join(entries + [name(tokens[start + 3 * NUM_KEYS])]))
+    if encoding == 'tables':
+      continue
     start += TABLE_LEN
     queries = [f'?{name(tokens[i + 1])}{resolved(i + 1)}' if tokens[i] == QUERY else
                f'{name(tokens[i])} {name(tokens[i + 1])}'

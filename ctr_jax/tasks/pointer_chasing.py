@@ -10,7 +10,8 @@ Evaluation is per-level accuracy: which levels a model resolves. Accuracy is the
 prediction AT each key position against that position's target, grouped by what the position
 is: the query section of each level L0..L(H-1) (a level-L query needs L index lookups plus one
 base lookup), the final query, and the table keys. Chance is 1/16; the author counts a level as
-solved above 90%.
+solved above 90%. With the 'tables' encoding (the author's notes version, no query sections)
+the levels are his: the table keys of each level L0..L(H-1), then L(H), the final query.
 
     metrics = pointer_chasing.evaluate(predict, hops=3)   # predict: tokens [B, T] -> logits
     pointer_chasing.levels_solved(metrics['level_accuracy'])
@@ -53,7 +54,8 @@ def model_predictor(model, params, *, mode: str = 'sequential', k_unroll: int | 
 
 
 def evaluate(predict: Callable, hops: int, *, num_examples: int = DEFAULT_NUM_EXAMPLES,
-             batch_size: int = 64, seed: int = generator.EVAL_SEED) -> dict:
+             batch_size: int = 64, seed: int = generator.EVAL_SEED,
+             encoding: str = generator.DEFAULT_ENCODING) -> dict:
   """Accuracies of `predict` on `num_examples` fresh examples of stream `seed`.
 
   Args:
@@ -64,9 +66,11 @@ def evaluate(predict: Callable, hops: int, *, num_examples: int = DEFAULT_NUM_EX
     num_examples: examples to score.
     batch_size: examples per `predict` call.
     seed: example stream; the default `EVAL_SEED` is disjoint from every training seed (>= 0).
+    encoding: 'sections' or 'tables' (ctr_jax.data.pointer_chasing).
 
   Returns:
-    {'level_accuracy': {'L0': float, ..., 'L<H-1>': float},   # query sections
+    {'level_accuracy': {'L0': float, ..., 'L<H-1>': float},   # query sections; for 'tables'
+                                                              # table keys, plus 'L<H>': final
      'final_query_accuracy': float,
      'table_key_accuracy': float,                             # table keys, all levels
      'table_level_accuracy': {'L0': float, ...},              # table keys, per level
@@ -75,11 +79,11 @@ def evaluate(predict: Callable, hops: int, *, num_examples: int = DEFAULT_NUM_EX
   if num_examples < 1 or batch_size < 1:
     raise ValueError(f'need num_examples >= 1 and batch_size >= 1, got {num_examples}, '
                      f'{batch_size}')
-  labels = generator.position_labels(hops)
+  labels = generator.position_labels(hops, encoding)
   correct = np.zeros(len(labels.kind), np.int64)  # per position, summed over examples
   for start in range(0, num_examples, batch_size):
     count = min(batch_size, num_examples - start)
-    tokens, targets = generator.batch(hops, batch_size, seed, start=start)
+    tokens, targets = generator.batch(hops, batch_size, seed, start=start, encoding=encoding)
     out = np.asarray(predict(tokens))
     predictions = out.argmax(axis=-1) if out.ndim == 3 else out
     if predictions.shape != tokens.shape:
@@ -93,8 +97,13 @@ def evaluate(predict: Callable, hops: int, *, num_examples: int = DEFAULT_NUM_EX
     return float(correct[where].sum() / (where.sum() * num_examples))
 
   levels = range(hops)
+  if encoding == 'tables':
+    level_accuracy = {f'L{lvl}': accuracy(generator.TABLE_KEY, lvl) for lvl in levels}
+    level_accuracy[f'L{hops}'] = accuracy(generator.FINAL_QUERY)
+  else:
+    level_accuracy = {f'L{lvl}': accuracy(generator.QUERY_KEY, lvl) for lvl in levels}
   return {
-      'level_accuracy': {f'L{lvl}': accuracy(generator.QUERY_KEY, lvl) for lvl in levels},
+      'level_accuracy': level_accuracy,
       'final_query_accuracy': accuracy(generator.FINAL_QUERY),
       'table_key_accuracy': accuracy(generator.TABLE_KEY),
       'table_level_accuracy': {f'L{lvl}': accuracy(generator.TABLE_KEY, lvl)
@@ -111,13 +120,14 @@ def levels_solved(level_accuracy: Mapping[str, float], threshold: float = PASS_T
 class _BatchStream:
   """Endless, checkpointable stream of this process's share of each global batch."""
 
-  def __init__(self, hops, global_batch_size, seed, process_index, process_count,
+  def __init__(self, hops, global_batch_size, seed, process_index, process_count, encoding,
                **helper_targets):
     if global_batch_size % process_count:
       raise ValueError(f'config.batch_size={global_batch_size} is not divisible by the '
                        f'{process_count} processes')
     self.hops, self.global_batch, self.seed = hops, global_batch_size, seed
     self.helper_targets = helper_targets  # generator.HELPER_TARGETS switches
+    self.encoding = encoding
     self.local = global_batch_size // process_count
     self.offset = process_index * self.local
     self.next_index = 0
@@ -128,7 +138,7 @@ class _BatchStream:
   def __next__(self):
     start = self.next_index * self.global_batch + self.offset
     tokens, targets = generator.batch(self.hops, self.local, self.seed, start=start,
-                                      **self.helper_targets)
+                                      encoding=self.encoding, **self.helper_targets)
     self.next_index += 1
     return {'tokens': tokens, 'targets': targets}
 
@@ -144,8 +154,13 @@ CONFIG_FIELDS = ('data.hops', 'data.entry_targets', 'data.equals_targets',
                  'pointer_eval_examples')
 
 
+def encoding_of(config) -> str:
+  """config.data.encoding; configs saved before the field existed used 'sections'."""
+  return config.data.get('encoding', generator.DEFAULT_ENCODING)
+
+
 def validate_config(config) -> None:
-  """The pointer fields exist and fit each other (T = 42H + 2, the task's vocabulary)."""
+  """The pointer fields exist and fit each other (T = 42H + 2 or 25H + 2, the vocabulary)."""
   for field in CONFIG_FIELDS:
     node, *rest = field.split('.')
     if node not in config or (rest and rest[0] not in config[node]):
@@ -161,10 +176,13 @@ def validate_config(config) -> None:
   if config.pointer_eval_examples < 1:
     raise ValueError(f'config.pointer_eval_examples: must be >= 1, got '
                      f'{config.pointer_eval_examples}')
-  expected_len = generator.seq_len(hops)
+  encoding = encoding_of(config)
+  if encoding not in generator.ENCODINGS:
+    raise ValueError(f'config.data.encoding: got {encoding!r}, allowed {list(generator.ENCODINGS)}')
+  expected_len = generator.seq_len(hops, encoding)
   if config.data.seq_len != expected_len:
-    raise ValueError(f'config.data.seq_len must be {expected_len} for hops={hops} '
-                     f'(42H+2), got {config.data.seq_len}')
+    raise ValueError(f'config.data.seq_len must be {expected_len} for hops={hops} and encoding '
+                     f'{encoding!r}, got {config.data.seq_len}')
   vocab = generator.vocab_size(hops)
   if config.model.vocab_size != vocab:
     raise ValueError(f'config.model.vocab_size must be {vocab} for hops={hops}, got '
@@ -180,9 +198,10 @@ class PointerChasing:
 
   def __init__(self, config, process_index: int, process_count: int):
     self.hops = config.data.hops
+    self.encoding = encoding_of(config)
     # Helper targets only shape training; evaluation always scores the task's own targets.
     self.train_iter = _BatchStream(self.hops, config.batch_size, config.seed, process_index,
-                                   process_count, **{h: bool(config.data[h])
+                                   process_count, self.encoding, **{h: bool(config.data[h])
                                                      for h in generator.HELPER_TARGETS})
     self.eval_examples = config.eval_batches * config.batch_size
     self.final_examples = config.pointer_eval_examples
@@ -205,7 +224,8 @@ class PointerChasing:
     mode = 'sequential' if model.spec.is_context_ready else 'parallel'
     predict = model_predictor(model, params, mode=mode)
     num = self.final_examples if final else self.eval_examples
-    result = evaluate(predict, self.hops, num_examples=num, batch_size=self.batch_size)
+    result = evaluate(predict, self.hops, num_examples=num, batch_size=self.batch_size,
+                      encoding=self.encoding)
     return {'level_accuracy': result['level_accuracy'],
             'final_query_accuracy': result['final_query_accuracy'],
             'table_key_accuracy': result['table_key_accuracy'],
