@@ -42,6 +42,9 @@ flags.DEFINE_string('docs', os.path.join(ROOT, 'docs'), 'Where the report goes.'
 flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
 flags.DEFINE_string('extra', '', 'Extra flags for every run, e.g. "--config.batch_size=32" '
                     '(recorded in each command).')
+flags.DEFINE_enum('encoding', pointer_chasing.ENCODINGS[0], list(pointer_chasing.ENCODINGS),
+                  'The task encoding (configs/pointer_chasing.py arg encoding; rows of a '
+                  "non-default encoding are marked [tables] and get their own workdirs).")
 flags.DEFINE_integer('seeds', 1, 'Seeds per model (0, 1, ...); seed 0 keeps the plain workdir.')
 flags.DEFINE_float('time_budget_s', 0, 'If > 0: measure each model\'s step time with a short '
                    'probe run, then train every model for the same number of steps, at most '
@@ -57,6 +60,7 @@ flags.DEFINE_bool('equals_targets', False, "Train with the helper targets on eve
 # switches themselves (f'{helper}_targets').
 HELPERS = tuple(h.removesuffix('_targets') for h in pointer_chasing.HELPER_TARGETS)
 
+DEFAULT_ENCODING = pointer_chasing.ENCODINGS[0]
 NOTES_MARKER = '<!-- notes: kept by scripts/pointer_chasing_sweep.py -->'
 
 
@@ -77,23 +81,28 @@ def helpers(r: dict) -> tuple[str, ...]:
   return tuple(h for h in HELPERS if r.get(f'{h}_targets', False))
 
 
-def workdir_for(name: str, hops: int, root: str, used: tuple[str, ...] = (), seed: int = 0) -> str:
-  suffix = ''.join(f'_{h}' for h in used) + (f'_s{seed}' if seed else '')
+def workdir_for(name: str, hops: int, root: str, used: tuple[str, ...] = (), seed: int = 0,
+                encoding: str = DEFAULT_ENCODING) -> str:
+  suffix = (''.join(f'_{h}' for h in used) + (f'_s{seed}' if seed else '')
+            + ('' if encoding == DEFAULT_ENCODING else f'_{encoding}'))
   return os.path.join(root, f'h{hops}_{name}{suffix}')
 
 
 def command_for(name: str, hops: int, steps: int, workdir: str, used: tuple[str, ...] = (),
-                seed: int = 0, extra: tuple[str, ...] = ()) -> list[str]:
+                seed: int = 0, extra: tuple[str, ...] = (),
+                encoding: str = DEFAULT_ENCODING) -> list[str]:
   arg = (f'hops={hops},model={name},steps={steps}' + ''.join(f',{h}_targets=1' for h in used)
-         + (f',seed={seed}' if seed else ''))
+         + (f',seed={seed}' if seed else '')
+         + ('' if encoding == DEFAULT_ENCODING else f',encoding={encoding}'))
   return ['python', '-m', 'ctr_jax.main', f'--config=configs/pointer_chasing.py:{arg}',
           f'--workdir={repro_lib.shown(workdir)}', *extra]
 
 
 def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (), seed: int = 0,
-        extra: tuple[str, ...] = (), train: bool = True) -> dict | None:
+        extra: tuple[str, ...] = (), train: bool = True,
+        encoding: str = DEFAULT_ENCODING) -> dict | None:
   """Trains (or resumes) one model unless its summary already reports `steps`; its record."""
-  workdir = workdir_for(name, hops, root, used, seed)
+  workdir = workdir_for(name, hops, root, used, seed, encoding)
   summary_path = os.path.join(workdir, 'summary.json')
   if train:
     done = False
@@ -101,8 +110,8 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
       with open(summary_path) as f:
         done = json.load(f).get('step') == steps
     if not done:
-      repro_lib.execute_logged(command_for(name, hops, steps, workdir, used, seed, extra),
-                               workdir)
+      repro_lib.execute_logged(
+          command_for(name, hops, steps, workdir, used, seed, extra, encoding), workdir)
   if not os.path.exists(summary_path):
     return None
   with open(summary_path) as f:
@@ -110,7 +119,7 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
   launches = repro_lib.invocations(workdir)
   depth = int(re.search(r'\d+', name)[0])
   return {'model': name, 'hops': hops, **{f'{h}_targets': h in used for h in HELPERS},
-          'seed': seed, 'steps': s['step'], 'depth': depth,
+          'seed': seed, 'encoding': encoding, 'steps': s['step'], 'depth': depth,
           'kind': 'transformer' if name.startswith('t') else 'context_ready',
           'level_accuracy': s['level_accuracy'], 'final_query_accuracy': s['final_query_accuracy'],
           'table_key_accuracy': s['table_key_accuracy'], 'levels_solved': s['levels_solved'],
@@ -122,14 +131,14 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
 
 
 def probe_step_seconds(name: str, hops: int, root: str, probe_steps: int,
-                       extra: tuple[str, ...] = ()) -> float:
+                       extra: tuple[str, ...] = (), encoding: str = DEFAULT_ENCODING) -> float:
   """Seconds per training step of one model, from a short run of the trainer itself (the rate
   logged over the second half of the probe, after compilation)."""
   workdir = os.path.join(root, 'probes', f'h{hops}_{name}')
   half = max(1, probe_steps // 2)
   command = command_for(name, hops, probe_steps, workdir, extra=(
       *extra, f'--config.log_every={half}', f'--config.eval_every={10 * probe_steps}',
-      f'--config.checkpoint_every={10 * probe_steps}'))
+      f'--config.checkpoint_every={10 * probe_steps}'), encoding=encoding)
   if os.path.isdir(workdir):
     shutil.rmtree(workdir)  # a probe is timed from scratch, never resumed
   if repro_lib.execute_logged(command, workdir):
@@ -150,12 +159,14 @@ def steps_within(budget_s: float, step_seconds: dict[str, float], steps: int) ->
 
 
 def _key(r):
-  return r['model'], r['hops'], helpers(r), r.get('seed', 0)
+  return r['model'], r['hops'], helpers(r), r.get('seed', 0), r.get('encoding', DEFAULT_ENCODING)
 
 
 def _name(r):
   seed = f" (seed {r['seed']})" if r.get('seed') else ''
-  return ' + '.join((r['model'],) + helpers(r)) + seed
+  encoding = r.get('encoding', DEFAULT_ENCODING)
+  encoding = '' if encoding == DEFAULT_ENCODING else f' [{encoding}]'
+  return ' + '.join((r['model'],) + helpers(r)) + encoding + seed
 
 
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
@@ -174,13 +185,15 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            f'Machine: {machine_text}', '']
   for hops in sorted({r['hops'] for r in runs}):
     rows = [r for r in runs if r['hops'] == hops]
-    levels = [f'L{i}' for i in range(hops)]
+    # 'tables' rows have one level more (L<H>, the final query) than 'sections' rows.
+    levels = sorted({l for r in rows for l in r['level_accuracy']}, key=lambda l: int(l[1:]))
     lines += [f'## H = {hops}', '',
               '| model | ' + ' | '.join(levels) + ' | final query | table keys | solved | steps '
               '| train loss | wall time |',
               '|' + '---|' * (len(levels) + 7)]
     for r in rows:
-      acc = ' | '.join(f"{r['level_accuracy'][l]:.3f}" for l in levels)
+      acc = ' | '.join(f"{r['level_accuracy'][l]:.3f}" if l in r['level_accuracy'] else '–'
+                       for l in levels)
       wall = f"{r['wall_time_seconds'] / 60:.1f} min" if r['wall_time_seconds'] else '?'
       name = _name(r)
       loss = f"{r['train_loss']:.3f}" if r.get('train_loss') is not None else '?'
@@ -239,7 +252,8 @@ def main(argv):
   extra = tuple(FLAGS.extra.split())
   steps = FLAGS.steps
   if FLAGS.time_budget_s > 0 and not FLAGS.report_only:
-    seconds = {n: probe_step_seconds(n, FLAGS.hops, FLAGS.root, FLAGS.probe_steps, extra)
+    seconds = {n: probe_step_seconds(n, FLAGS.hops, FLAGS.root, FLAGS.probe_steps, extra,
+                                     FLAGS.encoding)
                for n in names}
     steps = steps_within(FLAGS.time_budget_s, seconds, FLAGS.steps)
     print('step times: ' + ', '.join(f'{n} {1e3 * t:.1f} ms' for n, t in seconds.items()))
@@ -247,7 +261,7 @@ def main(argv):
       print(f'WARNING: --steps={FLAGS.steps} does not fit --time_budget_s='
             f'{FLAGS.time_budget_s:g}; every model trains {steps} steps instead', flush=True)
   results = [r for r in (run(n, FLAGS.hops, steps, FLAGS.root, used, seed, extra,
-                             train=not FLAGS.report_only)
+                             train=not FLAGS.report_only, encoding=FLAGS.encoding)
                          for seed in range(FLAGS.seeds) for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')
   previous = []
