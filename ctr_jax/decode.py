@@ -9,6 +9,11 @@ step; `position_scan` uses whatever variables it is given.
     seq = decode.sequential_logits(model, variables, tokens)          # [B, T, V]
     out = decode.generate(model, variables, prompt, 32, jax.random.key(0), temperature=0.8,
                           top_k=40)                                   # [B, T0 + 32]
+    logits, state, passes = decode.chunked_prefill(model, variables, prompt, length, chunk=32)
+
+`chunked_prefill` fills the same state chunk by chunk, each chunk by the correction's fixed point
+over its positions (matrix-matrix passes) on the caches of the earlier chunks
+(docs/benchmarks.md, "Chunked prefill").
 """
 
 import functools

@@ -8,7 +8,8 @@ One `__call__` serves every mode:
 forward; the transformer ignores both.
 
 The stages are methods, so code outside the forward runs them by name, e.g.
-`model.apply(v, c, e, positions, method='iterate')` (ctr_jax.decode.parallel_prefill):
+`model.apply(v, c, e, positions, method='iterate')` (ctr_jax.decode.parallel_prefill and
+chunked_prefill):
 `embed_tokens`, `logits`, and for the context-ready model `iterate` (one fixed-point pass),
 `correct` and `feedback`.
 """
