@@ -120,7 +120,6 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
   return logits, state, iterations
 
 
-
 # ------------------------------------------------------------------------------------------------
 # Chunked prefill: the fixed point over c positions at a time, on the caches of earlier chunks.
 # ------------------------------------------------------------------------------------------------
@@ -217,7 +216,9 @@ def _check_chunked(model, prompt_len: int, length: int, chunk, passes, tolerance
                      'int >= 1')
   if not tolerance >= 0:
     raise ValueError(f'{prefix}tolerance: got {tolerance!r}, allowed a number >= 0')
-  if prompt_len < 1 or length < prompt_len:
+  if prompt_len < 1:
+    raise ValueError('prompt: got 0 positions, allowed [B, T0] with T0 >= 1')
+  if length < prompt_len:
     raise ValueError(f'length: got {length} for a {prompt_len}-token prompt, allowed '
                      f'>= {prompt_len}')
   return int(chunk), int(passes or chunk)

@@ -94,6 +94,16 @@ def test_chunk_one_is_the_scan_and_chunk_t_is_the_parallel_prefill(seed):
     _assert_same_state(state, par_state, 1e-5)
 
 
+@pytest.mark.parametrize('correction', ['token_blind', 'concat', 'none', 'tied'])
+def test_every_correction_variant_is_exact(correction):
+  _, model, variables, _ = random_model(10, correction=correction)
+  tokens = random_tokens(10, model.spec.vocab_size, batch=2, length=9)
+  ref_logits, ref_state = decode.prefill(model, variables, tokens, 9)
+  logits, state, _ = decode.chunked_prefill(model, variables, tokens, 9, chunk=4)
+  assert max_abs_diff(logits, ref_logits) <= 1e-5
+  _assert_same_state(state, ref_state, 1e-5)
+
+
 def test_partial_last_chunk():
   model, variables, tokens, r = _setup(5, length_range=(9, 15))
   t0 = tokens.shape[1]
