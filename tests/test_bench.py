@@ -58,6 +58,8 @@ def test_chunked_prefill_section_runs_at_toy_sizes(tmp_path):
   assert len(entry['rows']) == expected and entry['scan_ms'] > 0
   for row in entry['rows']:
     assert row['ms'] > 0 and row['passes_max'] <= min(row['passes'], row['chunk'])
+    if row['tolerance']:
+      assert row['passes'] == min(ch.tolerance_passes, row['chunk'])
     if row['exact_bound']:
       assert row['max_abs_logit_diff'] < 1e-4, row
   path = tmp_path / 'benchmarks.md'
@@ -68,7 +70,8 @@ def test_chunked_prefill_section_runs_at_toy_sizes(tmp_path):
 def test_bad_chunked_bench_fields_name_themselves():
   from configs.bench import prefill_cpu  # pylint: disable=g-import-not-at-top
   from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
-  for field, value in (('chunks', (0, 4)), ('passes', ()), ('tolerance', -1.0)):
+  for field, value in (('chunks', (0, 4)), ('passes', ()), ('tolerance', -1.0),
+                       ('tolerance_passes', 0)):
     config = prefill_cpu.get_config('runlocal')
     config.chunked[field] = value
     with pytest.raises(ValueError, match=f'^bench.chunked.{field}: got'):

@@ -36,6 +36,7 @@ def get_config(arg=None):
   c.chunked.prompt_len = 10
   c.chunked.chunks = (3, 4)
   c.chunked.passes = (1, 4)
+  c.chunked.tolerance_passes = 4
   c.scaling.train_model = {'kind': 'context_ready', 'depth': 1, **tiny}
   c.scaling.batch = 2
   c.scaling.seq_lens = [8, 16]

@@ -40,6 +40,8 @@ def _validate_chunked(ch) -> None:
   for field in ('chunks', 'passes'):
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in ch[field]):
       raise ValueError(f'bench.chunked.{field}: got {list(ch[field])}, allowed ints >= 1')
+  if ch.tolerance_passes < 1:
+    raise ValueError(f'bench.chunked.tolerance_passes: got {ch.tolerance_passes}, must be >= 1')
   if ch.prompt_len < 1:
     raise ValueError(f'bench.chunked.prompt_len: got {ch.prompt_len}, must be >= 1')
   if not ch.tolerance >= 0:
@@ -190,7 +192,8 @@ def run(config, log=print) -> dict:
 def _chunked_section(config, reps, log) -> list[dict]:
   """Chunked prefill vs the scan for each size (random weights), then the trained checkpoint."""
   ch = config.chunked
-  grid = {'chunks': list(ch.chunks), 'passes': list(ch.passes), 'tolerance': ch.tolerance}
+  grid = {'chunks': list(ch.chunks), 'passes': list(ch.passes), 'tolerance': ch.tolerance,
+          'tolerance_passes': ch.tolerance_passes}
   entries = []
   for name in ch.sizes:
     fields = _with_dtype({'name': name, 'vocab_size': ch.vocab_size,

@@ -145,13 +145,14 @@ def load_checkpoint(workdir: str):
 
 
 def chunked_prefill_comparison(fields: dict, *, prompt_len: int, chunks, passes, tolerance: float,
-                               warmup: int, repeats: int, params=None) -> dict:
+                               tolerance_passes: int, warmup: int, repeats: int,
+                               params=None) -> dict:
   """The position scan (`decode.prefill`) vs `decode.chunked_prefill` on one prompt.
 
   One row per chunk size and pass count (counts above the chunk are skipped: the chunk's own
-  count is already exact), and one per chunk size in the tolerance mode, capped at the largest
-  count. Both sides compute the logits of every prompt position; max |Δlogit| is against the
-  scan's.
+  count is already exact), and, if `tolerance` > 0, one per chunk size in the tolerance mode,
+  at most `tolerance_passes` passes. Both sides compute the logits of every prompt position;
+  max |Δlogit| is against the scan's.
   """
   cfg = model_config(fields)
   model = models.build(cfg)
@@ -167,7 +168,7 @@ def chunked_prefill_comparison(fields: dict, *, prompt_len: int, chunks, passes,
   for chunk in chunks:
     settings = [(p, 0.0) for p in passes if p <= chunk]
     if tolerance > 0:
-      settings.append((min(max(passes), chunk), tolerance))
+      settings.append((min(tolerance_passes, chunk), tolerance))
     for count, tol in settings:
       run = functools.partial(decode.chunked_prefill, model, variables, prompt, length,
                               chunk=chunk, passes=count, tolerance=tol)
