@@ -9,9 +9,15 @@ step; `position_scan` uses whatever variables it is given.
     seq = decode.sequential_logits(model, variables, tokens)          # [B, T, V]
     out = decode.generate(model, variables, prompt, 32, jax.random.key(0), temperature=0.8,
                           top_k=40)                                   # [B, T0 + 32]
+    logits, state, passes = decode.chunked_prefill(model, variables, prompt, length, chunk=32)
+
+`chunked_prefill` fills the same state chunk by chunk, each chunk by the correction's fixed point
+over its positions (matrix-matrix passes) on the caches of the earlier chunks
+(docs/benchmarks.md, "Chunked prefill").
 """
 
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +28,8 @@ from ctr_jax.models import layers
 from ctr_jax.models.recurrence import DecodeState
 
 __all__ = ['DecodeState', 'init_decode_state', 'position_scan', 'sequential_logits', 'prefill',
-           'parallel_prefill', 'sample_logits', 'continue_generation', 'generate']
+           'parallel_prefill', 'chunked_prefill', 'sample_logits', 'continue_generation',
+           'generate']
 
 
 def init_decode_state(model, batch_size: int, length: int) -> DecodeState:
@@ -113,6 +120,127 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
   return logits, state, iterations
 
 
+# ------------------------------------------------------------------------------------------------
+# Chunked prefill: the fixed point over c positions at a time, on the caches of earlier chunks.
+# ------------------------------------------------------------------------------------------------
+
+
+def _solve_chunk(model, fused_variables, state, tokens, max_passes, tolerance):
+  """Fills positions state.index .. + n of `state` with the prompt chunk `tokens` [B, n].
+
+  A context-ready model iterates the correction over the chunk, its queries reading the cached
+  earlier chunks (`iterate` from slot state.index), until max |c_new - c| <= tolerance or
+  `max_passes`. Position 0 of the chunk reads the previous chunk's converged z, so its c is
+  exact from the start and position i is exact after i + 1 passes: n passes make the chunk
+  exact. Each pass overwrites the chunk's cache slots, so those of the last pass remain.
+  Returns (z or, for a transformer, logits [B, n, .], state, passes used).
+  """
+  apply = functools.partial(model.apply, fused_variables)
+  if not model.spec.is_context_ready:
+    logits, state = apply(tokens, decode_state=state)
+    return logits, state, jnp.ones((), jnp.int32)
+  start = state.index
+  positions = start + jnp.arange(tokens.shape[1])
+  e = apply(tokens, True, positions, method='embed_tokens')
+  feedback = state.feedback.astype(e.dtype)
+  first = apply(feedback[:, None], e[:, :1], method='correct')
+  # Positions after the first start from c = 0, the start the K-unroll is trained from.
+  c0 = jnp.zeros_like(e).at[:, :1].set(first.astype(e.dtype))
+
+  def one_pass(carry):
+    c, _, _, caches, passes, _ = carry
+    c_next, u, z, caches = apply(c, e, positions, caches=caches, cache_index=start,
+                                 first_feedback=feedback, method='iterate')
+    change = jnp.max(jnp.abs((c_next - c).astype(jnp.float32)))
+    return c_next, u, z, caches, passes + 1, change
+
+  def not_converged(carry):
+    *_, passes, change = carry
+    return (passes < max_passes) & (change > tolerance)
+
+  carry = one_pass((c0, e, e, state.caches, jnp.zeros((), jnp.int32), jnp.float32(0)))
+  _, u, z, caches, passes, _ = jax.lax.while_loop(not_converged, one_pass, carry)
+  last = apply(z[:, -1:], u[:, -1:], method='feedback')[:, 0]
+  state = state.replace(caches=caches, feedback=last.astype(state.feedback.dtype),
+                        index=start + tokens.shape[1])
+  return z, state, passes
+
+
+def _chunked_fill(model, fused_variables, prompt, state, chunk, passes, tolerance):
+  """`_solve_chunk` over the prompt [B, T0], `chunk` positions at a time (a shorter last one):
+  one `scan` over the full chunks, then the rest. Returns (outputs [B, T0, .], state, passes
+  used per chunk)."""
+  b, t0 = prompt.shape
+  full, rest = divmod(t0, chunk)
+  solve = lambda st, tokens: _solve_chunk(model, fused_variables, st, tokens,
+                                          min(passes, tokens.shape[1]), tolerance)
+  outs, used = [], []
+  if full:
+    def step(st, tokens):
+      out, st, n = solve(st, tokens)
+      return st, (out, n)
+    chunks = jnp.swapaxes(prompt[:, :full * chunk].reshape(b, full, chunk), 0, 1)
+    state, (out, n) = jax.lax.scan(step, state, chunks)
+    outs.append(jnp.swapaxes(out, 0, 1).reshape(b, full * chunk, out.shape[-1]))
+    used.append(n)
+  if rest:
+    out, state, n = solve(state, prompt[:, full * chunk:])
+    outs.append(out)
+    used.append(n[None])
+  return jnp.concatenate(outs, axis=1), state, jnp.concatenate(used)
+
+
+def _head(model, fused_variables, outputs):
+  if not model.spec.is_context_ready:
+    return outputs  # already logits
+  return model.apply(fused_variables, outputs, method='logits')
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
+def _chunked_prefill(model, variables, prompt, length, chunk, passes, tolerance):
+  variables = attention.fuse_qkv(variables)
+  state = init_decode_state(model, prompt.shape[0], length)
+  out, state, used = _chunked_fill(model, variables, prompt, state, chunk, passes, tolerance)
+  return _head(model, variables, out), state, used
+
+
+def _check_chunked(model, prompt_len: int, length: int, chunk, passes, tolerance, prefix=''):
+  """Raises ValueError naming the bad argument; returns (chunk, passes) as ints."""
+  if model.spec.is_context_ready and model.spec.cumulative:
+    raise ValueError('model.cumulative=True has no exact sequential form; it cannot be prefilled')
+  if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
+    raise ValueError(f'{prefix}chunk: got {chunk!r}, allowed an int >= 1')
+  if passes is not None and (isinstance(passes, bool) or not isinstance(passes, numbers.Integral)
+                             or passes < 1):
+    raise ValueError(f'{prefix}passes: got {passes!r}, allowed None (= chunk, exact) or an '
+                     'int >= 1')
+  if not tolerance >= 0:
+    raise ValueError(f'{prefix}tolerance: got {tolerance!r}, allowed a number >= 0')
+  if prompt_len < 1:
+    raise ValueError('prompt: got 0 positions, allowed [B, T0] with T0 >= 1')
+  if length < prompt_len:
+    raise ValueError(f'length: got {length} for a {prompt_len}-token prompt, allowed '
+                     f'>= {prompt_len}')
+  return int(chunk), int(passes or chunk)
+
+
+def chunked_prefill(model, variables, prompt: jax.Array, length: int, *, chunk: int,
+                    passes: int | None = None, tolerance: float = 0.0):
+  """`prefill`, `chunk` positions at a time, each chunk by the fixed point over its positions.
+
+  Within a chunk the correction is iterated (the model's `iterate`, one matrix-matrix pass over
+  the chunk's positions) with its queries reading the KV caches of the earlier chunks; the
+  chunk's first position reads the previous chunk's converged z. It stops after `passes`
+  passes (default `chunk`: position i of a chunk depends on the chunk only through i-1, so
+  `chunk` passes are exact, and more are never run) or once max |c_new - c| <= `tolerance`
+  (0: only when nothing changes). The last chunk may be shorter. A transformer's chunk takes
+  one pass. Returns (logits [B, T0, V], the state, block passes used per chunk [chunks]).
+  """
+  prompt = jnp.asarray(prompt, jnp.int32)
+  chunk, passes = _check_chunked(model, prompt.shape[1], length, chunk, passes, tolerance)
+  return _chunked_prefill(model, variables, prompt, int(length), min(chunk, prompt.shape[1]),
+                          passes, jnp.float32(tolerance))
+
 def sample_logits(logits: jax.Array, rng, temperature, top_k: int = 0) -> jax.Array:
   """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k.
 
@@ -163,21 +291,56 @@ def continue_generation(model, variables, last_logits: jax.Array, state: DecodeS
                    jnp.float32(temperature), int(top_k))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 6))
-def _generate(model, variables, prompt, num_tokens, rng, temperature, top_k):
+PREFILLS = ('scan', 'parallel', 'chunked')
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 6, 7, 8, 9))
+def _generate(model, variables, prompt, num_tokens, rng, temperature, top_k, prefill_kind='scan',
+              chunk=0, passes=0, tolerance=0.0):
   variables = attention.fuse_qkv(variables)
-  logits, state = _prefill(model, variables, prompt, prompt.shape[1] + num_tokens)
-  tokens, _ = _sample_loop(model, variables, logits[:, -1], state, num_tokens, rng, temperature,
+  length = prompt.shape[1] + num_tokens
+  if prefill_kind == 'chunked':
+    state = init_decode_state(model, prompt.shape[0], length)
+    out, state, _ = _chunked_fill(model, variables, prompt, state, chunk, passes, tolerance)
+    last_logits = _head(model, variables, out[:, -1:])[:, 0]  # the head only where it is read
+  elif prefill_kind == 'parallel':
+    logits, state, _ = parallel_prefill(model, variables, prompt, length, tolerance)
+    last_logits = logits[:, -1]
+  else:
+    logits, state = _prefill(model, variables, prompt, length)
+    last_logits = logits[:, -1]
+  tokens, _ = _sample_loop(model, variables, last_logits, state, num_tokens, rng, temperature,
                            top_k)
   return jnp.concatenate([prompt, tokens], axis=1)
 
 
 def generate(model, variables, prompt: jax.Array, num_tokens: int, rng, temperature: float = 0.0,
-             top_k: int = 0) -> jax.Array:
-  """Prefills `prompt` [B, T0] and samples `num_tokens` more; returns [B, T0 + num_tokens]."""
+             top_k: int = 0, *, prefill: str = 'scan', prefill_chunk: int = 0,
+             prefill_passes: int | None = None, prefill_tolerance: float = 0.0) -> jax.Array:
+  """Prefills `prompt` [B, T0] and samples `num_tokens` more; returns [B, T0 + num_tokens].
+
+  `prefill` chooses how the prompt fills the state, all exact at the defaults: 'scan' (the
+  position scan, `prefill`), 'parallel' (`parallel_prefill` to `prefill_tolerance`) or
+  'chunked' (`chunked_prefill` with chunk = `prefill_chunk`, `prefill_passes` and
+  `prefill_tolerance`).
+  """
   if num_tokens < 1:
     raise ValueError(f'num_tokens must be >= 1, got {num_tokens}')
   if temperature < 0:
     raise ValueError(f'temperature must be >= 0, got {temperature}')
-  return _generate(model, variables, jnp.asarray(prompt, jnp.int32), int(num_tokens), rng,
-                   jnp.float32(temperature), int(top_k))
+  if prefill not in PREFILLS:
+    raise ValueError(f'prefill: got {prefill!r}, allowed {list(PREFILLS)}')
+  prompt = jnp.asarray(prompt, jnp.int32)
+  chunk, passes = 0, 0
+  if prefill == 'chunked':
+    chunk, passes = _check_chunked(model, prompt.shape[1], prompt.shape[1] + num_tokens,
+                                   prefill_chunk, prefill_passes, prefill_tolerance, 'prefill_')
+    chunk = min(chunk, prompt.shape[1])
+  else:
+    if prefill_chunk or prefill_passes is not None:
+      raise ValueError(f'prefill_chunk and prefill_passes: only for prefill=\'chunked\', got '
+                       f'prefill={prefill!r}')
+    if not prefill_tolerance >= 0:
+      raise ValueError(f'prefill_tolerance: got {prefill_tolerance!r}, allowed a number >= 0')
+  return _generate(model, variables, prompt, int(num_tokens), rng, jnp.float32(temperature),
+                   int(top_k), prefill, chunk, passes, jnp.float32(prefill_tolerance))

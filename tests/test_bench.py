@@ -56,3 +56,41 @@ def test_bad_bench_config_is_one_line(tmp_path):
   assert result.stderr.strip().splitlines()[-1].startswith('ctr_jax.bench: error: bench.sections')
   assert 'Traceback' not in result.stderr
   assert not os.path.exists(f'{tmp_path}/b.md')
+
+
+def test_chunked_prefill_section_runs_at_toy_sizes(tmp_path):
+  """The chunked-prefill rows (configs/bench/prefill_cpu.py's section) at tiny.py's sizes: every
+  chunk size and pass count gets a row, exact rows match the scan, and the table is written."""
+  from configs.bench import prefill_cpu  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import report, runner  # pylint: disable=g-import-not-at-top
+  config = prefill_cpu.get_config('runlocal')
+  assert config.sections == 'chunked'
+  results = runner.run(config, log=lambda *_: None)
+  (entry,) = results['chunked']
+  ch = config.chunked
+  expected = sum(len([p for p in ch.passes if p <= c]) + 1 for c in ch.chunks)
+  assert len(entry['rows']) == expected and entry['scan_ms'] > 0
+  for row in entry['rows']:
+    assert row['ms'] > 0 and row['passes_max'] <= min(row['passes'], row['chunk'])
+    if row['tolerance']:
+      assert row['passes'] == min(ch.tolerance_passes, row['chunk'])
+    if row['exact_bound']:
+      assert row['max_abs_logit_diff'] < 1e-4, row
+  path = tmp_path / 'benchmarks.md'
+  report.write_section(str(path), 'tiny', report.markdown(results))
+  assert '#### Chunked prefill vs the sequential scan' in path.read_text()
+
+
+def test_bad_chunked_bench_fields_name_themselves():
+  from configs.bench import prefill_cpu  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  for field, value in (('chunks', (0, 4)), ('passes', ()), ('tolerance', -1.0),
+                       ('tolerance_passes', 0)):
+    config = prefill_cpu.get_config('runlocal')
+    config.chunked[field] = value
+    with pytest.raises(ValueError, match=f'^bench.chunked.{field}: got'):
+      runner.validate(config)
+  config = prefill_cpu.get_config('runlocal')
+  config.chunked.sizes = ('x5_c12',)
+  with pytest.raises(ValueError, match='not a size name'):
+    runner.validate(config)

@@ -8,6 +8,10 @@ Sections (`sections`, comma-separated): train, decode, prefill, scaling.
   generate: `decode.generate` whole calls at `generate.model` against the peer's whole calls,
            with the marginal figure beside them.
   prefill: `prefill.model` on a `prefill.prompt_len` prompt, sequential vs parallel fixed point.
+  chunked: each `chunked.sizes` model (random weights), then the trained run in
+           `chunked.checkpoint` (a workdir, '' = none): the scan vs chunked prefill per chunk
+           size and pass count, plus the tolerance mode, at most `chunked.tolerance_passes`
+           passes (configs/bench/prefill_cpu.py).
   scaling: training step time against K and T (`scaling.train_model`) and batch-1 decode time
            against the context length (`scaling.decode_model`).
 """
@@ -44,6 +48,11 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
       'model': {'kind': 'context_ready', 'width': 256, 'depth': 2, 'num_heads': 4,
                 'vocab_size': 4096, 'max_len': 1024},
       'prompt_len': 512, 'tolerance': 1e-4})
+  c.chunked = ml_collections.ConfigDict({
+      # Tuples, so that a command line can override them: --config.chunked.chunks='(32, 64)'.
+      'sizes': ('d2_c256', 'd5_c1120', 'd1_c2048'), 'vocab_size': 32000, 'prompt_len': 512,
+      'chunks': (16, 32, 64, 128), 'passes': (1, 2, 3, 4, 8), 'tolerance': 1e-4,
+      'tolerance_passes': 16, 'checkpoint': ''})
   c.scaling = ml_collections.ConfigDict({
       'train_model': {'kind': 'context_ready', 'width': 256, 'depth': 2, 'num_heads': 4,
                       'vocab_size': 4096, 'max_len': 1024},

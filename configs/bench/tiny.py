@@ -35,6 +35,12 @@ def get_config(arg=None):
                     prompt_len=4, new_tokens=4)
   c.prefill.model = {'kind': 'context_ready', 'depth': 1, **tiny}
   c.prefill.prompt_len = 12
+  c.chunked.sizes = ('d1_c32_h2',)
+  c.chunked.vocab_size = 64
+  c.chunked.prompt_len = 10
+  c.chunked.chunks = (3, 4)
+  c.chunked.passes = (1, 4)
+  c.chunked.tolerance_passes = 4
   c.scaling.train_model = {'kind': 'context_ready', 'depth': 1, **tiny}
   c.scaling.batch = 2
   c.scaling.seq_lens = [8, 16]

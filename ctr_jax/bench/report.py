@@ -81,6 +81,20 @@ def markdown(results: dict) -> str:
     out += _table(['sequential ms', 'parallel ms', 'block passes', 'speedup', 'max |Δlogit|'],
                   [[p['sequential_ms'], p['parallel_ms'], p['iterations'], p['speedup'],
                     f"{p['max_abs_logit_diff']:.2e}"]])
+  if r.get('chunked'):
+    out += ['#### Chunked prefill vs the sequential scan', '',
+            'Passes: the cap per chunk (= chunk: the exact bound); with a tolerance the chunk '
+            'stops once max |c_new - c| <= it, and "used" is the mean / largest count per '
+            'chunk.', '']
+    for entry in r['chunked']:
+      out += [f"{entry['label']}, {entry['weights']} weights ({entry['params']:,} params), "
+              f"prompt {entry['prompt_len']} tokens: scan {_fmt(entry['scan_ms'])} ms.", '']
+      rows = [[row['chunk'], f"{row['passes']}" + (' (exact)' if row['exact_bound'] else ''),
+               f"{row['tolerance']:g}" if row['tolerance'] else '–', row['ms'],
+               f"{row['speedup']:.2f}×", f"{row['passes_mean']:.3g} / {row['passes_max']}",
+               f"{row['max_abs_logit_diff']:.2e}"] for row in entry['rows']]
+      out += _table(['chunk', 'passes', 'tolerance', 'ms', 'vs scan', 'used', 'max |Δlogit|'],
+                    rows)
   if r.get('scaling'):
     s = r['scaling']
     out += ['#### Scaling', '']

@@ -1,14 +1,15 @@
 """Runs the sections a bench config asks for and collects one results dict.
 
 Sections: 'train' (throughput and MFU per model, and the peer), 'decode' (the paper's pairs at
-each batch size, and the peer), 'prefill' and 'scaling'. See configs/bench/ for the fields.
+each batch size, and the peer), 'prefill', 'chunked' (chunked prefill against the scan) and
+'scaling'. See configs/bench/ for the fields.
 """
 
 import datetime
 
 from ctr_jax.bench import machine, peer, suite
 
-SECTIONS = ('train', 'decode', 'generate', 'prefill', 'scaling')
+SECTIONS = ('train', 'decode', 'generate', 'prefill', 'chunked', 'scaling')
 DTYPES = ('float32', 'bfloat16')
 
 
@@ -32,6 +33,26 @@ def validate(config) -> None:
     if m and not (entry['model'].get('kind') == 'context_ready' and 0 < m <= k):
       raise ValueError(f'bench.train[{i}].m: got {m}, allowed 0 (all iterations) or 1..k={k} '
                        'for a context-ready model')
+  if 'chunked' in sections:
+    _validate_chunked(config.chunked)
+
+
+def _validate_chunked(ch) -> None:
+  for field in ('sizes', 'chunks', 'passes'):
+    if not list(ch[field]):
+      raise ValueError(f'bench.chunked.{field}: got an empty list, allowed a non-empty one')
+  for field in ('chunks', 'passes'):
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in ch[field]):
+      raise ValueError(f'bench.chunked.{field}: got {list(ch[field])}, allowed ints >= 1')
+  if ch.tolerance_passes < 1:
+    raise ValueError(f'bench.chunked.tolerance_passes: got {ch.tolerance_passes}, must be >= 1')
+  if ch.prompt_len < 1:
+    raise ValueError(f'bench.chunked.prompt_len: got {ch.prompt_len}, must be >= 1')
+  if not ch.tolerance >= 0:
+    raise ValueError(f'bench.chunked.tolerance: got {ch.tolerance}, allowed >= 0 (0: no '
+                     'tolerance rows)')
+  for name in ch.sizes:
+    suite.model_config({'name': name, 'vocab_size': ch.vocab_size})  # raises on a bad size name
 
 
 def _with_dtype(fields: dict, dtype: str) -> dict:
@@ -175,6 +196,9 @@ def run(config, log=print) -> dict:
     log(f"  prefill: sequential {row['sequential_ms']:.0f} ms, parallel {row['parallel_ms']:.0f}"
         f" ms in {row['iterations']} passes, max |dlogit| {row['max_abs_logit_diff']:.2e}")
 
+  if 'chunked' in sections:
+    results['chunked'] = _chunked_section(config, reps, log)
+
   if 'scaling' in sections:
     s = config.scaling
     results['scaling'] = {'batch': s.batch}
@@ -190,3 +214,33 @@ def run(config, log=print) -> dict:
         f"T^{results['scaling']['train']['t_exponent']:.2f}, "
         f"decode context^{results['scaling']['decode']['exponent']:.2f}")
   return results
+
+
+def _chunked_section(config, reps, log) -> list[dict]:
+  """Chunked prefill vs the scan for each size (random weights), then the trained checkpoint."""
+  ch = config.chunked
+  grid = {'chunks': list(ch.chunks), 'passes': list(ch.passes), 'tolerance': ch.tolerance,
+          'tolerance_passes': ch.tolerance_passes}
+  entries = []
+  for name in ch.sizes:
+    fields = _with_dtype({'name': name, 'vocab_size': ch.vocab_size,
+                          'max_len': ch.prompt_len + 1}, config.dtype)
+    entries.append((name, 'random', fields, None, ch.prompt_len))
+  if ch.checkpoint:
+    fields, params = suite.load_checkpoint(ch.checkpoint)
+    fields = _with_dtype(fields, config.dtype)
+    # A learned position table has no rows past max_len; RoPE models are cut there too, the
+    # lengths the contraction was trained at.
+    entries.append((f'{_label(fields)} ({ch.checkpoint})', 'trained', fields, params,
+                    min(ch.prompt_len, fields['max_len'])))
+  out = []
+  for label, weights, fields, params, prompt_len in entries:
+    row = suite.chunked_prefill_comparison(fields, prompt_len=prompt_len, params=params, **grid,
+                                           **reps)
+    row.update(label=label, weights=weights, prompt_len=prompt_len)
+    out.append(row)
+    best = max(row['rows'], key=lambda r: r['speedup'])
+    log(f"  chunked prefill {label}: scan {row['scan_ms']:.0f} ms; best chunk {best['chunk']}, "
+        f"{best['passes']} passes: {best['ms']:.0f} ms ({best['speedup']:.2f}x), "
+        f"max |dlogit| {best['max_abs_logit_diff']:.2e}")
+  return out

@@ -1,4 +1,4 @@
-"""The JAX measurements: training step, decode step, prefill, and their scaling.
+"""The JAX measurements: training step, decode step, prefill (scan, parallel, chunked), scaling.
 
 Each function builds its model from a model-config dict (the fields of
 `ctr_jax.models.model_config`), times jitted work with `timing`, and returns a flat dict of
@@ -145,6 +145,64 @@ def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmu
   diff = float(jnp.max(jnp.abs(logits - sequential())))
   return {'sequential_ms': 1e3 * t_seq, 'parallel_ms': 1e3 * t_par, 'speedup': t_seq / t_par,
           'iterations': int(iterations), 'max_abs_logit_diff': diff}
+
+
+def load_checkpoint(workdir: str):
+  """(model-config fields, params) of the latest checkpoint of a training run's workdir."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  config_path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(config_path):
+    raise ValueError(f'bench.chunked.checkpoint: {workdir!r} holds no config.json (give the '
+                     'workdir of a training run, e.g. /tmp/ctr_quickstart)')
+  with open(config_path) as f:
+    saved = json.load(f)['model']
+  fields = {k: v for k, v in saved.items() if k in models.default_model_config()}
+  mngr = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), 'checkpoints'),
+                               item_names=('state', 'data_iter', 'meta'))
+  if mngr.latest_step() is None:
+    raise ValueError(f'bench.chunked.checkpoint: {workdir!r} holds no checkpoint')
+  restored = mngr.restore(mngr.latest_step(),
+                          args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return fields, restored['state']['params']
+
+
+def chunked_prefill_comparison(fields: dict, *, prompt_len: int, chunks, passes, tolerance: float,
+                               tolerance_passes: int, warmup: int, repeats: int,
+                               params=None) -> dict:
+  """The position scan (`decode.prefill`) vs `decode.chunked_prefill` on one prompt.
+
+  One row per chunk size and pass count (counts above the chunk are skipped: the chunk's own
+  count is already exact), and, if `tolerance` > 0, one per chunk size in the tolerance mode,
+  at most `tolerance_passes` passes. Both sides compute the logits of every prompt position;
+  max |Δlogit| is against the scan's.
+  """
+  cfg = model_config(fields)
+  model = models.build(cfg)
+  if params is None:
+    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
+  variables = {'params': params}
+  prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 0, cfg.vocab_size)
+  length = prompt_len + 1
+  scan = lambda: decode.prefill(model, variables, prompt, length)[0]
+  t_scan = timing.median_seconds(scan, warmup=warmup, repeats=repeats)
+  reference = scan()
+  rows = []
+  for chunk in chunks:
+    settings = [(p, 0.0) for p in passes if p <= chunk]
+    if tolerance > 0:
+      settings.append((min(tolerance_passes, chunk), tolerance))
+    for count, tol in settings:
+      run = functools.partial(decode.chunked_prefill, model, variables, prompt, length,
+                              chunk=chunk, passes=count, tolerance=tol)
+      seconds = timing.median_seconds(run, warmup=warmup, repeats=repeats)
+      logits, _, used = run()
+      rows.append({'chunk': chunk, 'passes': count, 'tolerance': tol, 'ms': 1e3 * seconds,
+                   'speedup': t_scan / seconds, 'passes_mean': float(jnp.mean(used)),
+                   'passes_max': int(jnp.max(used)), 'exact_bound': count >= chunk,
+                   'max_abs_logit_diff': float(jnp.max(jnp.abs(logits - reference)))})
+  return {'scan_ms': 1e3 * t_scan, 'rows': rows, 'params': models.count_params(params)}
 
 
 def train_scaling(fields: dict, *, batch: int, seq_lens, k_values, warmup: int,

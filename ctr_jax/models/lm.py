@@ -8,7 +8,8 @@ One `__call__` serves every mode:
 forward; the transformer ignores both.
 
 The stages are methods, so code outside the forward runs them by name, e.g.
-`model.apply(v, c, e, positions, method='iterate')` (ctr_jax.decode.parallel_prefill):
+`model.apply(v, c, e, positions, method='iterate')` (ctr_jax.decode.parallel_prefill and
+chunked_prefill):
 `embed_tokens`, `logits`, and for the context-ready model `iterate` (one fixed-point pass),
 `correct` and `feedback`.
 """
@@ -186,18 +187,23 @@ class ContextReadyLM(_LanguageModelBase):
     """c^(k_unroll) [B, T, C], the correction after `k_unroll` fixed-point iterations."""
     return self._unroll(tokens, k_unroll, False, deterministic, None)[0][0]
 
-  def iterate(self, c, e, positions, *, u_prev=None, caches=None, deterministic=True):
+  def iterate(self, c, e, positions, *, u_prev=None, caches=None, cache_index=None,
+              first_feedback=None, deterministic=True):
     """One fixed-point pass over all positions: u = e + c, z = Unit(u), c' = Correct(shift(z), e).
 
     c, e [B, T, C]: the current correction and the embeddings; `u_prev` (the last pass's block
     input) makes it the cumulative ablation's u = u_prev + c. With `caches` the unit writes
-    every position's keys and values from slot 0 (the parallel prefill). Returns
-    (c' [B, T, C], u, z, the written caches or None).
+    every position's keys and values from slot `cache_index` (default 0: the parallel prefill)
+    and its queries also read the slots before it (the chunked prefill). `first_feedback` [B, C]
+    is the feedback position 0 reads (default 0: the sequence starts here; a later chunk passes
+    the previous chunk's last one). Returns (c' [B, T, C], u, z, the written caches or None).
     """
     u = (e if u_prev is None else u_prev) + c
-    cache_index = None if caches is None else jnp.zeros((), jnp.int32)
+    if caches is not None and cache_index is None:
+      cache_index = jnp.zeros((), jnp.int32)
     z, caches = self.blocks(u, positions, caches, cache_index, deterministic)
-    return self.correct(shift_right(self.feedback(z, u)), e), u, z, caches
+    feedback = shift_right(self.feedback(z, u), first_feedback)
+    return self.correct(feedback, e), u, z, caches
 
   def _unroll(self, tokens, k_unroll, remat, deterministic, initial_correction):
     """K fixed-point iterations over all positions: c^(0) = 0 (or given), u^(k) = e + c^(k-1).

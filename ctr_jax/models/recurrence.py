@@ -31,9 +31,12 @@ def fixed_point_unroll(module: nn.Module, step: Callable, carry: Any, num_steps:
   return scan(module, carry, None)
 
 
-def shift_right(x: jax.Array) -> jax.Array:
-  """[B, T, C] -> [B, T, C] with out[:, t] = x[:, t-1] and out[:, 0] = 0 (z_{-1} = 0)."""
-  return jnp.pad(x, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+def shift_right(x: jax.Array, first: jax.Array | None = None) -> jax.Array:
+  """[B, T, C] -> [B, T, C] with out[:, t] = x[:, t-1] and out[:, 0] = first [B, C], default 0
+  (z_{-1} = 0; a later chunk of a sequence passes the previous chunk's last z)."""
+  if first is None:
+    return jnp.pad(x, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+  return jnp.concatenate([first[:, None].astype(x.dtype), x[:, :-1]], axis=1)
 
 
 @flax.struct.dataclass
