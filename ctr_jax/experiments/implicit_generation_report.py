@@ -55,8 +55,8 @@ def dm_table(family: dict, dtype: str, mode: str) -> str:
           'min abs f |')
   rule = '|---|---|---|---|---|---|---|---|'
   if stable is not None:
-    head += ' stable max abs dm | channel | m there | mu | -mu/m |'
-    rule += '---|---|---|---|---|'
+    head += ' stable max abs dm | channel | m there | mu | -mu/m | why |'
+    rule += '---|---|---|---|---|---|'
   lines = [head, rule]
   for i, d in enumerate(direct['dm_layers']):
     line = (f"| {i} | {d['max_dm']:.3g} | {d['channel']} | {d['numerator']:.3g} | "
@@ -65,9 +65,26 @@ def dm_table(family: dict, dtype: str, mode: str) -> str:
       s = stable['dm_layers'][i]
       ratio = -s['mu'] / s['scale'] if s['scale'] else float('inf')
       line += (f" {s['max_dm']:.3g} | {s['channel']} | {s['scale']:.3g} | {s['mu']:.3g} | "
-               f"{ratio:.3g} |")
+               f"{ratio:.3g} | {stable_cause(s)} |")
     lines.append(line)
   return '\n'.join(lines) + '\n'
+
+
+def stable_cause(d: dict) -> str:
+  """Which case made the stable update's largest Δm (signed: numerator / f at its channel).
+
+  '-mu/m': the exact-arithmetic value of the stable remainder, large where |m| is small;
+  'm = 0': the zero-scale rule (y = ±1, Δm = g); '-m': g ≈ 0 there, so the target y ≈ 0, f is
+  the rounding of that zero and Δm ≈ −m switches the channel off; 'rounding' otherwise.
+  """
+  dm = d['numerator'] / d['f'] if d['f'] else float('inf')
+  if d['scale'] == 0:
+    return 'm = 0'
+  if abs(dm + d['mu'] / d['scale']) <= 0.01 * abs(dm):
+    return '-mu/m'
+  if abs(dm + d['scale']) <= 0.01 * abs(d['scale']):
+    return '-m'
+  return 'rounding'
 
 
 def _figure_names(prefix: str) -> dict:
@@ -150,6 +167,32 @@ def _agreement_range(family, **want) -> str:
   return f'{values[0]:.0f}%' if len(values) == 1 else f'{values[0]:.0f}–{values[-1]:.0f}%'
 
 
+def _span(values, fmt) -> str:
+  lo, hi = min(values), max(values)
+  return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else (
+      f'{format(lo, fmt)}–{format(hi, fmt)}')
+
+
+def highlights(family: dict) -> list[str]:
+  """Bullet points over the settings of one model, per dtype and method."""
+  out = []
+  for dtype in ('float32', 'bfloat16'):
+    for method in ('direct', 'stable'):
+      runs = [r['summary'] for r in family['runs']
+              if r['setting']['dtype'] == dtype and r['setting']['method'] == method]
+      if not runs:
+        continue
+      text = (f'{dtype} {method} ({len(runs)} settings): agreement '
+              f"{_span([100 * r['agreement'] for r in runs], '.0f')}%, max |Δlogit| "
+              f"{_span([r['max_abs_logit'] for r in runs], '.2g')}, mean TVD "
+              f"{_span([r['mean_tvd'] for r in runs], '.2g')}")
+      if all('max_dm' in r for r in runs):
+        text += f", max |Δm| {_span([r['max_dm'] for r in runs], '.3g')}"
+      margin = min(r['min_margin'] for r in runs)
+      out.append(text + f'; the baseline\'s smallest top-2 margin {margin:.3g}.')
+  return out
+
+
 def doc_section(results: dict, figure_prefix: str, figures_dir: str) -> str:
   """The markdown of one run: command, comparison with the paper, tables, figures."""
   names = _figure_names(figure_prefix)
@@ -169,18 +212,26 @@ def doc_section(results: dict, figure_prefix: str, figures_dir: str) -> str:
       out.append(f'| {dtype} | {method} | {paper} | {first} | '
                  f'{_agreement_range(family, dtype=dtype, method=method)} |')
     out.append('')
-  out.append('All settings (5 prompts × 20 tokens each; "min top-2 margin" is the baseline\'s, '
-             'one baseline per dtype shared by every setting):\n')
+  for key, family in results['families'].items():
+    loss = family.get('final_train_loss')
+    trained = f' (final training loss {loss:.2f})' if loss is not None else ''
+    out.append(f"{family.get('label', key)}{trained}:\n")
+    out.extend(f'* {line}' for line in highlights(family))
+    out.append('')
+  first = next(iter(results['families'].values()))['runs'][0]['per_step']['agree']
+  out.append(f'All settings ({len(first)} prompts × {len(first[0])} tokens each; "min top-2 '
+             'margin" is the baseline\'s, one baseline per dtype shared by every setting):\n')
   out.append(table(results))
   for key, family in results['families'].items():
     for dtype in ('float32', 'bfloat16'):
       text = dm_table(family, dtype, 'action')
       if text:
+        tokens = np.size(family['runs'][0]['per_step']['agree'])
         out.append(f"Where the scale patch Δm is largest, {family.get('label', key)}, {dtype}, "
-                   'apply action, first layer 0 (per layer, the max over all 100 tokens; the '
-                   'numerator, f = N(h), h and the scale m at that token and channel; μ is the '
-                   'stable update\'s multiplier, and −μ/m is what its Δm equals in exact '
-                   'arithmetic):\n')
+                   f'apply action, first layer 0 (per layer, the max over all {tokens} tokens; '
+                   'the numerator, f = N(h), h and the scale m at that token and channel; min '
+                   'abs f over all tokens and channels; μ is the stable update\'s multiplier, '
+                   'and −μ/m is what its Δm equals in exact arithmetic):\n')
         out.append(text)
   if rel:
     figs = ', '.join(f'`docs/{rel}/{names[k]}`' for k in ('metrics', 'summary', 'dm'))
@@ -193,8 +244,11 @@ def doc_section(results: dict, figure_prefix: str, figures_dir: str) -> str:
       out.extend(f'* `{_one_line(p)}` → `{_one_line(t)}`'
                  for p, t in zip(results['prompts'], texts))
       out.append('')
-  out.append(f"Command (run from the repository root, recorded in the results json):\n\n"
-             f"```bash\n{results['command']}\n```\n\nMachine: {results['machine']}; "
+  command = results['command']
+  if not command.startswith('python'):  # the json holds sys.argv as run: `python` + argv
+    command = f'python {command}'
+  out.append(f"Command (run from the repository root; argv recorded in the results json):\n\n"
+             f"```bash\n{command}\n```\n\nMachine: {results['machine']}; "
              f"wall time {results.get('wall_s', float('nan')) / 60:.1f} min.\n")
   return '\n'.join(out)
 
@@ -240,3 +294,21 @@ def write_report(results: dict, workdir: str, figures_dir: str = '', *,
   figures(results, out_dir, figure_prefix)
   if doc and section:
     replace_section(doc, section, doc_section(results, figure_prefix, figures_dir))
+
+
+def regenerate(results_json: str, doc: str = 'docs/implicit_updates.md',
+               figures_dir: str = 'docs/figures'):
+  """Rewrites a doc section and figures from a committed results json (no rerun); the
+  section and figure names follow the json's file name as the config sets them."""
+  with open(results_json) as f:
+    results = json.load(f)
+  section = os.path.splitext(os.path.basename(results_json))[0]
+  prefix = 'implicit_generation' + ('' if section == 'small_models' else f'_{section}')
+  figures(results, figures_dir, prefix)
+  replace_section(doc, section, doc_section(results, prefix, figures_dir))
+
+
+if __name__ == '__main__':
+  import sys  # pylint: disable=g-import-not-at-top
+  for path in sys.argv[1:]:
+    regenerate(path)
