@@ -52,15 +52,16 @@ def dm_table(family: dict, dtype: str, mode: str) -> str:
   if direct is None or not direct.get('dm_layers'):
     return ''
   head = ('| layer | direct max abs dm | channel | v_C - v there | f there | h there | RMS(h) | '
-          'min abs f |')
-  rule = '|---|---|---|---|---|---|---|---|'
+          'min abs f | most frequent channel (share) |')
+  rule = '|---|---|---|---|---|---|---|---|---|'
   if stable is not None:
     head += ' stable max abs dm | channel | m there | mu | -mu/m | why |'
     rule += '---|---|---|---|---|---|'
   lines = [head, rule]
   for i, d in enumerate(direct['dm_layers']):
     line = (f"| {i} | {d['max_dm']:.3g} | {d['channel']} | {d['numerator']:.3g} | "
-            f"{d['f']:.2e} | {d['h']:.2e} | {d['rms_h']:.3g} | {d['min_abs_f']:.1e} |")
+            f"{d['f']:.2e} | {d['h']:.2e} | {d['rms_h']:.3g} | {d['min_abs_f']:.1e} | "
+            f"{d['top_channel']} ({100 * d['top_channel_share']:.0f}%) |")
     if stable is not None:
       s = stable['dm_layers'][i]
       ratio = -s['mu'] / s['scale'] if s['scale'] else float('inf')
