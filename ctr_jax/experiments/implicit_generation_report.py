@@ -179,10 +179,13 @@ def highlights(family: dict) -> list[str]:
   out = []
   for dtype in ('float32', 'bfloat16'):
     for method in ('direct', 'stable'):
-      runs = [r['summary'] for r in family['runs']
+      full = [r for r in family['runs']
               if r['setting']['dtype'] == dtype and r['setting']['method'] == method]
+      runs = [r['summary'] for r in full]
       if not runs:
         continue
+      misses = [m for r in full for a, m in zip(np.ravel(r['per_step']['agree']),
+                                                np.ravel(r['per_step']['margin'])) if not a]
       text = (f'{dtype} {method} ({len(runs)} settings): agreement '
               f"{_span([100 * r['agreement'] for r in runs], '.0f')}%, max |Δlogit| "
               f"{_span([r['max_abs_logit'] for r in runs], '.2g')}, mean TVD "
@@ -190,7 +193,13 @@ def highlights(family: dict) -> list[str]:
       if all('max_dm' in r for r in runs):
         text += f", max |Δm| {_span([r['max_dm'] for r in runs], '.3g')}"
       margin = min(r['min_margin'] for r in runs)
-      out.append(text + f'; the baseline\'s smallest top-2 margin {margin:.3g}.')
+      text += f'; the baseline\'s smallest top-2 margin {margin:.3g}'
+      if misses and max(misses) == 0:
+        text += f'; {len(misses)} disagreements in all, every one at an exact tie (margin 0)'
+      elif misses:
+        text += (f'; {len(misses)} disagreements in all, each at a baseline top-2 margin '
+                 f'≤ {max(misses):.3g} ({sum(m == 0 for m in misses)} at exact ties)')
+      out.append(text + '.')
   return out
 
 
