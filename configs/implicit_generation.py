@@ -7,14 +7,24 @@ the direct and the stable update (Gemma), and the first patched layer (0, L/2, l
 
   python scripts/implicit_generation.py --config=configs/implicit_generation.py
 
-The same experiment on a Hugging Face checkpoint (e.g. google/gemma-3-1b-it downloaded to a
+The same experiment on a real pretrained model from its pip package (ctr_jax/pretrained.py,
+docs/pretrained.md): `model=gemma3_270m` (Gemma 3 270M base, GGUF Q4_K_M) or `model=smollm2_135m`
+(SmolLM2-135M-Instruct, GGUF Q4_1), the paper's five prompts:
+
+  python scripts/implicit_generation.py --config=configs/implicit_generation.py:model=gemma3_270m
+
+Each run writes its results json under docs/implicit_generation/ and regenerates its section of
+docs/implicit_updates.md (between the section's markers) from it.
+
+Or on a Hugging Face checkpoint (e.g. google/gemma-3-1b-it downloaded to a
 directory; the paper's five prompts, Gemma chat format):
 
   python scripts/implicit_generation.py \
       --config=configs/implicit_generation.py:hf_dir=/path/to/gemma-3-1b-it
 
-Results (results.json, table.md) go to `workdir`, figures also to `figures_dir`. Args: `quick`, a
-smoke run in well under a minute; `runlocal` is accepted as by every config and changes nothing
+Results (results.json, table.md) go to `workdir`, figures also to `figures_dir`. Args: `model`
+('' = the small trained models), `quick`, a smoke run in well under a minute that writes
+neither docs nor figures; `runlocal` is accepted as by every config and changes nothing
 (the default already runs on a CPU).
 """
 
@@ -49,11 +59,36 @@ def _family(block, **model):
   return ml_collections.ConfigDict({**base, **model})
 
 
+# Real pretrained models (ctr_jax.pretrained): how their prompts are formatted and named.
+#   plain   the prompt text as is after the tokenizer's BOS: Gemma 3 270M is a *base* model,
+#           and wrapped in Gemma's chat turns it only echoes the prompt;
+#   chatml  SmolLM2-135M-Instruct's own turns, without a system turn:
+#           '<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n' (no BOS, as its
+#           tokenizer adds none).
+PRETRAINED = {
+    'gemma3_270m': dict(label='Gemma 3 270M (Q4_K_M)', prompt_format='plain'),
+    'smollm2_135m': dict(label='SmolLM2-135M-Instruct (Q4_1)', prompt_format='chatml'),
+}
+PROMPT_FORMATS = ('plain', 'chatml', 'gemma_chat')
+
+
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, hf_dir='', quick=False, runlocal=False)  # runlocal: no-op
+  arg = config_lib.parse_arg(arg, hf_dir='', model='', quick=False,
+                             runlocal=False)  # runlocal: no-op
+  if arg.model and arg.model not in PRETRAINED:
+    raise ValueError(f'config arg model={arg.model!r}: expected one of {sorted(PRETRAINED)} '
+                     "or '' (the small trained models)")
+  if arg.model and arg.hf_dir:
+    raise ValueError('config args model and hf_dir exclude each other; give one')
+  name = arg.model or ('' if arg.hf_dir else 'small_models')
   c = ml_collections.ConfigDict()
-  c.workdir = '/tmp/implicit_generation'  # results.json, table.md, trained parameters
+  c.workdir = '/tmp/implicit_generation' + (f'_{arg.model}' if arg.model else '')
   c.figures_dir = 'docs/figures'          # '' = workdir only
+  # The committed results json and the doc section generated from it ('' = neither).
+  c.results_json = f'docs/implicit_generation/{name}.json' if name else ''
+  c.doc = 'docs/implicit_updates.md' if name else ''
+  c.doc_section = name
+  c.figure_prefix = 'implicit_generation' + (f'_{arg.model}' if arg.model else '')
   c.seed = 0
 
   c.num_tokens = 20                       # greedy tokens per prompt
@@ -61,7 +96,10 @@ def get_config(arg=None):
   c.dtypes = ('float32', 'bfloat16')
   c.methods = ('direct', 'stable')        # 'stable' only where it differs (Gemma)
   c.modes = ('materialise', 'action')     # patched weights stored in the dtype | rank-1 action
-  c.eval_batch = 100                      # (prompt, step) pairs per call
+  c.eval_batch = 0                        # (prompt, step) pairs per call; 0 = automatic:
+  c.memory_budget_gb = 4.0                # 'materialise' holds per-example patched matrices
+  # First patched layers of the 'materialise' rows (() = 0, L/2, L - 1, as for 'action').
+  c.materialise_first_layers = ()
 
   c.data = ml_collections.ConfigDict()
   c.data.name = 'kjv_bible'
@@ -86,13 +124,24 @@ def get_config(arg=None):
   c.families.llama = _family('llama', num_kv_heads=2, layer_norm_eps=1e-6)
   c.families.falcon = _family('falcon', num_kv_heads=1, tie_embeddings=True)
 
+  c.labels = ml_collections.ConfigDict(dict(  # how the tables name the small models
+      gemma='Gemma-style (small, trained)', llama='Llama-style (small, trained)',
+      falcon='Falcon-style (small, trained)'))
+
+  c.model = arg.model                     # a packaged pretrained model replaces the small ones
   c.hf_dir = arg.hf_dir                   # a Hugging Face checkpoint replaces the small models
   c.hf_prompts = PAPER_PROMPTS
-  c.chat_template = True                  # wrap hf prompts in Gemma's user/model turn markers
+  c.prompt_format = 'gemma_chat'          # hf_dir: Gemma's user/model turn markers
+  if arg.model:
+    c.prompt_format = PRETRAINED[arg.model]['prompt_format']
+    c.labels = ml_collections.ConfigDict({arg.model: PRETRAINED[arg.model]['label']})
 
   if arg.quick:  # a smoke run in well under a minute
     c.train.steps = 20
     c.num_tokens = 3
     c.dtypes = ('float32',)
     c.modes = ('materialise',)
+    c.prompts = c.prompts[:2]
+    c.hf_prompts = c.hf_prompts[:2]
+    c.results_json = c.doc = c.figures_dir = ''
   return c

@@ -5,8 +5,10 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ctr_jax.experiments import implicit_generation as generation
+from ctr_jax.experiments import implicit_generation_report as report
 from helpers import family_lm
 
 
@@ -31,17 +33,66 @@ def test_teacher_forced_generation_report(tmp_path):
 
   assert len(generation.settings_for('llama', 4, ['float32'], ['direct', 'stable'],
                                      ['materialise', 'action'])) == 6  # no 'stable' for llama
+  assert len(generation.settings_for('gemma', 4, ['float32'], ['direct'],
+                                     ['materialise', 'action'], (0,))) == 4
   settings = generation.settings_for('gemma', 2, ['float32'], ['stable'], ['materialise'])
   assert [(s.method, s.first_layer) for s in settings] == [('stable', 0), ('stable', 1)]
-  results = generation.evaluate(model, variables, tokens, lengths, 3, settings, chunk=4)
-  family = {'block': 'gemma', 'depth': 2, 'runs': []}
+  baseline = generation.greedy_baseline(model, variables, prompts, 3)
+  results = generation.evaluate(model, variables, baseline, settings, chunk=4)
+  family = {'label': 'tiny Gemma', 'block': 'gemma', 'depth': 2, 'runs': [],
+            'generated': {'float32': ['a', 'b']}}
   for setting, metrics in results.items():
+    layers, _ = metrics.pop('layers'), metrics.pop('seconds')
     assert metrics['agree'].shape == (2, 3) and metrics['agree'].all()
     assert metrics['max_abs_logit'].max() <= 1e-4
+    assert layers['dm_max'].shape == (2, 2, 3)
+    where = generation.dm_layers(layers)
+    assert len(where) == 2
+    assert max(w['max_dm'] for w in where) == pytest.approx(float(metrics['dm_max'].max()))
+    assert all(0 <= w['channel'] < model.spec.width and 'mu' in w for w in where)
     family['runs'].append({'setting': vars(setting), 'summary': generation.summarise(metrics),
+                           'dm_layers': where,
                            'per_step': {k: v.tolist() for k, v in metrics.items()}})
-  generation.write_report({'machine': generation.machine(), 'families': {'gemma': family}},
-                          str(tmp_path), str(tmp_path / 'figures'))
-  assert json.loads((tmp_path / 'results.json').read_text())['families']['gemma']['runs']
-  assert (tmp_path / 'table.md').read_text().count('| gemma |') == 2
-  assert (tmp_path / 'figures' / 'implicit_generation_summary.png').exists()
+  results = {'machine': generation.machine(), 'command': 'python x.py --flag', 'wall_s': 1.0,
+             'prompts': ['p', 'q'], 'families': {'gemma': family}}
+  doc = tmp_path / 'doc.md'
+  doc.write_text('# Title\n\nkept\n')
+  for _ in range(2):  # the second run replaces the section instead of appending it
+    report.write_report(results, str(tmp_path), str(tmp_path / 'figures'),
+                        figure_prefix='tiny', results_json=str(tmp_path / 'docs' / 'r.json'),
+                        doc=str(doc), section='tiny')
+  assert json.loads((tmp_path / 'docs' / 'r.json').read_text())['families']['gemma']['runs']
+  assert (tmp_path / 'table.md').read_text().count('| tiny Gemma |') == 2
+  assert (tmp_path / 'figures' / 'tiny_summary.png').exists()
+  text = doc.read_text()
+  assert text.startswith('# Title\n\nkept\n') and text.count(report.marker('tiny')) == 1
+  assert 'python x.py --flag' in text and '87.5%' in text
+
+
+def test_one_baseline_is_shared_by_every_setting():
+  """Every setting of a dtype is compared against the same baseline logits (so the same
+  top-2 margin), the ones of the greedy run that chose the tokens."""
+  model, variables, _ = family_lm('gemma', depth=2)
+  model, variables = generation.cast(model, variables, 'bfloat16')
+  baseline = generation.greedy_baseline(model, variables, [[1, 2, 3, 4], [5, 6]], 3)
+  settings = generation.settings_for('gemma', 2, ['bfloat16'], ['direct', 'stable'],
+                                     ['materialise', 'action'])
+  results = generation.evaluate(model, variables, baseline, settings, chunk=4)
+  margins = [m['margin'] for m in results.values()]
+  assert len(margins) == 8 and all(np.array_equal(margins[0], m) for m in margins)
+  top2 = np.sort(np.asarray(baseline.logits, np.float32), axis=-1)[:, -2:]
+  np.testing.assert_array_equal(margins[0].reshape(-1), top2[:, 1] - top2[:, 0])
+  # The baseline's argmax is the token the greedy run appended.
+  rows = np.argmax(baseline.logits, -1).reshape(2, 3)
+  assert rows[0].tolist() == baseline.tokens[0, 4:7].tolist()
+  assert rows[1].tolist() == baseline.tokens[1, 2:5].tolist()
+
+
+def test_pretrained_config_arg_is_validated():
+  from configs import implicit_generation as config_module
+  config = config_module.get_config('model=gemma3_270m')
+  assert config.prompt_format == 'plain' and config.doc_section == 'gemma3_270m'
+  assert config_module.get_config('model=smollm2_135m').prompt_format == 'chatml'
+  assert config_module.get_config('').doc_section == 'small_models'
+  with pytest.raises(ValueError, match="model='gpt5'.*gemma3_270m"):
+    config_module.get_config('model=gpt5')

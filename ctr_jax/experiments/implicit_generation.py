@@ -8,8 +8,11 @@ setting is compared on the same history. Per step: argmax agreement, max |Δlogi
 total-variation distance of the two softmax distributions.
 
 Because the history is the baseline's in every setting, all (prompt, step) pairs are known once
-the baseline has generated; each setting is then one batched `next_token_comparison` over them
-(`first_layer` is traced, so the ablation over it does not recompile).
+the baseline has generated, and the full-context records and logits of the greedy run itself
+are the baseline of every setting (one computation per dtype: the margin and the tokens chosen
+are the ones compared against). Each setting is then batched `patched_next_token` calls over
+the pairs (`first_layer` is traced, so the ablation over it does not recompile). Reporting is in
+`implicit_generation_report`.
 """
 
 import dataclasses
@@ -25,7 +28,6 @@ from ctr_jax import losses
 from ctr_jax import models
 from ctr_jax import optim
 from ctr_jax import train_step
-from ctr_jax.implicit import algorithm
 
 
 def total_variation(logits_a, logits_b):
@@ -73,26 +75,55 @@ def train(model_cfg, train_tokens: np.ndarray, *, steps: int, batch_size: int, s
   return model, {'params': state['params']}, float(loss)
 
 
-def cast(model_cfg, variables, dtype: str):
+def cast(model, variables, dtype: str):
   """The same model computing and storing its parameters in `dtype`."""
-  cfg = models.model_config(**{**model_cfg.to_dict(), 'dtype': dtype, 'param_dtype': dtype})
+  spec = dataclasses.replace(model.spec, dtype=dtype, param_dtype=dtype)
   params = jax.tree.map(lambda x: x.astype(dtype), variables['params'])
-  return models.build(cfg), {'params': params}
+  return type(model)(spec), {'params': params}
 
 
-def greedy_history(model, variables, prompts: list[list[int]], num_tokens: int):
-  """The baseline's greedy continuation of each prompt, from the same full-context logits the
-  patches are computed against. Returns (tokens [P, T] right-padded, prompt lengths [P])."""
+@dataclasses.dataclass
+class Baseline:
+  """The baseline's greedy run: every (prompt, step) pair the settings are compared on.
+
+  Row r = prompt * num_tokens + step: the query is `query[r]` at absolute position
+  `positions[r]`, with the full-context records and logits of that very forward pass (the one
+  that chose the next token), so every setting is compared against one baseline.
+  """
+  tokens: np.ndarray      # [P, T] prompts and greedy continuations, right-padded
+  lengths: np.ndarray     # [P] prompt lengths
+  num_tokens: int
+  query: np.ndarray       # [P * N]
+  positions: np.ndarray   # [P * N]
+  records: list           # per layer {name: [P * N, ...]}
+  logits: np.ndarray      # [P * N, V]
+
+
+def greedy_baseline(model, variables, prompts: list[list[int]], num_tokens: int) -> Baseline:
+  """The baseline's greedy continuation of each prompt, keeping each step's full-context
+  records and logits for the patched passes."""
   lengths = np.array([len(p) for p in prompts])
   tokens = np.zeros((len(prompts), lengths.max() + num_tokens), np.int32)
   for i, p in enumerate(prompts):
     tokens[i, :len(p)] = p
-  baseline = jax.jit(lambda v, t, last: algorithm.record(model, v, t, last, 1)[1])
+  steps = []
   for step in range(num_tokens):
     last = lengths - 1 + step
-    logits = baseline(variables, jnp.asarray(tokens), jnp.asarray(last))
+    records, logits = implicit.record_next_token(model, variables, tokens, last + 1)
     tokens[np.arange(len(prompts)), last + 1] = np.asarray(jnp.argmax(logits, -1))
-  return tokens, lengths
+    steps.append(jax.device_get((records, logits)))
+  # [steps][P] -> rows ordered prompt-major.
+  stack = lambda *xs: np.stack(xs, axis=1).reshape((-1,) + xs[0].shape[1:])
+  records, logits = jax.tree.map(stack, *steps)
+  positions = (lengths[:, None] - 1 + np.arange(num_tokens)).reshape(-1)
+  query = tokens[np.repeat(np.arange(len(prompts)), num_tokens), positions]
+  return Baseline(tokens, lengths, num_tokens, query, positions, records, logits)
+
+
+def greedy_history(model, variables, prompts: list[list[int]], num_tokens: int):
+  """(tokens [P, T] right-padded, prompt lengths [P]) of the baseline's greedy run."""
+  run = greedy_baseline(model, variables, prompts, num_tokens)
+  return run.tokens, run.lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,34 +134,66 @@ class Setting:
   first_layer: int
 
 
-def evaluate(model, variables, tokens, prompt_lengths, num_tokens: int, settings, *,
-             chunk: int = 128) -> dict[Setting, dict[str, np.ndarray]]:
-  """Metrics [P, num_tokens] of every setting (all with this model's dtype)."""
-  p = len(prompt_lengths)
-  rows = np.repeat(np.arange(p), num_tokens)
-  lengths = (np.asarray(prompt_lengths)[:, None] + np.arange(num_tokens)).reshape(-1)
-  all_tokens = tokens[rows]
+def auto_chunk(spec, mode: str, rows: int, budget_gb: float) -> int:
+  """(prompt, step) pairs per call within about `budget_gb` of patch memory.
+
+  'materialise' forms one patched copy of every MLP matrix per example (in float32, then in
+  the parameter dtype), and XLA may keep a few layers' copies alive at once; 'action' never
+  forms them, so it takes every row.
+  """
+  if mode != 'materialise':
+    return rows
+  per_example = 3 * spec.width * spec.mlp_dim * (4 + 4 + 2) * 3  # 3 matrices, 3 layers alive
+  return int(max(1, min(rows, budget_gb * 2**30 // per_example)))
+
+
+def evaluate(model, variables, baseline: Baseline, settings, *, chunk: int = 0,
+             budget_gb: float = 4.0, log=None) -> dict[Setting, dict[str, np.ndarray]]:
+  """Metrics [P, num_tokens] of every setting (all with this model's dtype), against the one
+  baseline; `chunk` = 0 picks it per mode (`auto_chunk`). Each setting's dict also holds
+  'layers': the per-layer diagnostics {name: [L, P, num_tokens]} and 'seconds'."""
+  rows = len(baseline.query)
+  shape = (len(baseline.lengths), baseline.num_tokens)
   results = {}
   for setting in settings:
-    parts = []
-    for s in range(0, len(rows), chunk):
-      base, patched, extras = implicit.next_token_comparison(
-          model, variables, all_tokens[s:s + chunk], lengths[s:s + chunk],
-          method=setting.method, mode=setting.mode, first_layer=setting.first_layer)
-      metrics = step_metrics(base, patched)
+    size = chunk or auto_chunk(model.spec, setting.mode, rows, budget_gb)
+    start, parts, layers = time.time(), [], []
+    for s in range(0, rows, size):
+      records = jax.tree.map(lambda a, s=s: a[s:s + size], baseline.records)
+      patched, extras = implicit.patched_next_token(
+          model, variables, records, baseline.query[s:s + size],
+          baseline.positions[s:s + size], method=setting.method, mode=setting.mode,
+          first_layer=setting.first_layer)
+      metrics = step_metrics(baseline.logits[s:s + size], patched)
+      extras = jax.device_get(extras)
       if 'dm_max' in extras:
-        metrics['dm_max'] = np.asarray(jnp.max(extras['dm_max'], axis=0), np.float32)
+        metrics['dm_max'] = np.max(extras['dm_max'], axis=0).astype(np.float32)
       parts.append(metrics)
-    results[setting] = {k: np.concatenate([m[k] for m in parts]).reshape(p, num_tokens)
-                        for k in parts[0]}
+      layers.append(extras)
+    out = {k: np.concatenate([m[k] for m in parts]).reshape(shape) for k in parts[0]}
+    out['layers'] = {k: np.concatenate([e[k] for e in layers], axis=1).reshape((-1,) + shape)
+                     for k in layers[0]}
+    out['seconds'] = time.time() - start
+    if log is not None:
+      log(f'    {setting}: {out["seconds"]:.0f} s (chunk {size})')
+    results[setting] = out
   return results
 
 
-def settings_for(block: str, depth: int, dtypes, methods, modes) -> list[Setting]:
-  """The grid: 'stable' only where it differs from 'direct' (Gemma's post-norm)."""
+def settings_for(block: str, depth: int, dtypes, methods, modes,
+                 materialise_first_layers=None) -> list[Setting]:
+  """The grid: 'stable' only where it differs from 'direct' (Gemma's post-norm); first
+  patched layers 0, L/2, L - 1 (for 'materialise' only those in `materialise_first_layers`
+  if given, the cheap reduction of a slow run)."""
   methods = [m for m in methods if m == 'direct' or block == 'gemma']
   firsts = sorted({0, depth // 2, depth - 1})
-  return [Setting(*s) for s in itertools.product(dtypes, methods, modes, firsts)]
+  out = []
+  for s in itertools.product(dtypes, methods, modes, firsts):
+    if (s[2] == 'materialise' and materialise_first_layers is not None
+        and s[3] not in materialise_first_layers):
+      continue
+    out.append(Setting(*s))
+  return out
 
 
 def summarise(metrics: dict[str, np.ndarray]) -> dict[str, float]:
@@ -144,91 +207,33 @@ def summarise(metrics: dict[str, np.ndarray]) -> dict[str, float]:
   return out
 
 
+def dm_layers(layers: dict[str, np.ndarray]) -> list[dict]:
+  """Per layer: where the largest scale patch of all (prompt, step) pairs sits and what made
+  it large (its numerator, the denominator f = N(h) and h there, the scale m there, the
+  stable update's μ), with the most frequent argmax channel over the pairs."""
+  if 'dm_max' not in layers:
+    return []
+  out = []
+  for i in range(layers['dm_max'].shape[0]):
+    at = {k: v[i].reshape(-1) for k, v in layers.items()}
+    row = int(np.argmax(at['dm_max']))
+    channels, counts = np.unique(at['dm_channel'], return_counts=True)
+    entry = {'layer': i, 'max_dm': float(at['dm_max'][row]),
+             'median_dm': float(np.median(at['dm_max'])),
+             'channel': int(at['dm_channel'][row]),
+             'numerator': float(at['dm_numerator'][row]), 'f': float(at['dm_f'][row]),
+             'h': float(at['dm_h'][row]), 'rms_h': float(at['rms_h'][row]),
+             'scale': float(at['dm_scale'][row]),
+             'min_abs_f': float(np.min(at['min_abs_f'])),
+             'top_channel': int(channels[np.argmax(counts)]),
+             'top_channel_share': float(counts.max() / counts.sum())}
+    if 'mu' in at:
+      entry['mu'] = float(at['mu'][row])
+    out.append(entry)
+  return out
+
+
 def machine() -> str:
   """CPU model and core count (or the accelerator) and library versions the experiment ran on."""
   from ctr_jax.bench import machine as bench_machine  # pylint: disable=g-import-not-at-top
   return bench_machine.summary_line(bench_machine.describe())
-
-
-def _label(setting: dict) -> str:
-  return (f"{setting['dtype']} {setting['method']} {setting['mode']} "
-          f"L{setting['first_layer']}+")
-
-
-def table(results: dict) -> str:
-  """Markdown table of every run's summary."""
-  lines = ['| model | dtype | method | apply | first layer | agreement | max abs dlogit | '
-           'mean abs dlogit | max TVD | mean TVD | max abs dm | min top-2 margin |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|']
-  for name, family in results['families'].items():
-    for run in family['runs']:
-      s, m = run['setting'], run['summary']
-      dm = f"{m['max_dm']:.3g}" if 'max_dm' in m else '-'
-      lines.append(f"| {name} | {s['dtype']} | {s['method']} | {s['mode']} | "
-                   f"{s['first_layer']} | {100 * m['agreement']:.0f}% | "
-                   f"{m['max_abs_logit']:.2e} | {m['mean_abs_logit']:.2e} | "
-                   f"{m['max_tvd']:.2e} | {m['mean_tvd']:.2e} | {dm} | "
-                   f"{m['min_margin']:.3f} |")
-  return '\n'.join(lines) + '\n'
-
-
-def write_report(results: dict, workdir: str, figures_dir: str = ''):
-  """results.json and table.md in `workdir`; the two figures in `figures_dir` (or workdir)."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  with open(os.path.join(workdir, 'results.json'), 'w') as f:
-    json.dump(results, f)
-  with open(os.path.join(workdir, 'table.md'), 'w') as f:
-    f.write(table(results))
-  out_dir = figures_dir or workdir
-  os.makedirs(out_dir, exist_ok=True)
-
-  # Per-token metrics of the first prompt, every layer-0 setting, Gemma if it ran.
-  families = results['families']
-  name = 'gemma' if 'gemma' in families else next(iter(families))
-  family = families[name]
-  runs = [r for r in family['runs'] if r['setting']['first_layer'] == 0]
-  fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-  for run in runs:
-    steps = np.arange(1, len(run['per_step']['agree'][0]) + 1)
-    label = _label(run['setting'])
-    axes[0].plot(steps, np.asarray(run['per_step']['agree'][0], float), 'o-', label=label,
-                 alpha=0.7)
-    axes[1].semilogy(steps, np.maximum(run['per_step']['max_abs_logit'][0], 1e-9), label=label)
-    axes[2].semilogy(steps, np.maximum(run['per_step']['tvd'][0], 1e-12), label=label)
-  for ax, title in zip(axes, ('argmax agreement', 'max |Δlogit|', 'total variation')):
-    ax.set_title(title)
-    ax.set_xlabel('generated token')
-  axes[0].set_ylim(-0.1, 1.1)
-  axes[2].legend(fontsize=7)
-  fig.suptitle(f'{name}: prompt 1, patched without context vs with context')
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, 'implicit_generation_metrics.png'), dpi=110)
-  plt.close(fig)
-
-  # Summary over all prompts and tokens.
-  labels, agreement, worst, tvd = [], [], [], []
-  for name, family in results['families'].items():
-    for run in family['runs']:
-      labels.append(f"{name} {_label(run['setting'])}")
-      agreement.append(100 * run['summary']['agreement'])
-      worst.append(run['summary']['max_abs_logit'])
-      tvd.append(run['summary']['mean_tvd'])
-  fig, axes = plt.subplots(3, 1, figsize=(max(8, 0.28 * len(labels)), 9), sharex=True)
-  x = np.arange(len(labels))
-  axes[0].bar(x, agreement, color='tab:blue')
-  axes[0].set_ylabel('argmax agreement (%)')
-  axes[0].set_ylim(min(agreement + [90]) - 2, 100.5)
-  axes[1].bar(x, np.maximum(worst, 1e-9), color='tab:red', log=True)
-  axes[1].set_ylabel('max |Δlogit|')
-  axes[2].bar(x, np.maximum(tvd, 1e-12), color='tab:green', log=True)
-  axes[2].set_ylabel('mean total variation')
-  axes[2].set_xticks(x)
-  axes[2].set_xticklabels(labels, rotation=90, fontsize=7)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, 'implicit_generation_summary.png'), dpi=110)
-  plt.close(fig)

@@ -127,35 +127,77 @@ def patched_forward(model, variables, patch, query, start_pos, *, mode: str = 'a
   return _patched_forward(model, variables, patch, query, positions, mode=mode)
 
 
+# Per-layer diagnostics gathered by the next-token entry points ([L, B] each, where present).
+DIAGNOSTICS = ('block_error', 'dm_max', 'dm_channel', 'dm_numerator', 'dm_f', 'dm_h',
+               'dm_scale', 'rms_h', 'min_abs_f', 'constraint', 'mu')
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _record_next_token(model, variables, tokens, last):
+  return algorithm.record(model, variables, tokens, last, 1)
+
+
 @functools.partial(jax.jit, static_argnames=('model', 'method', 'mode', 'loop'))
-def _next_token(model, variables, tokens, last, first_layer, method, mode, loop):
-  records, baseline = algorithm.record(model, variables, tokens, last, 1)
-  query = jnp.take_along_axis(tokens, last[:, None], axis=1)
-  positions = last[:, None]
+def _patched_next_token(model, variables, records, query, positions, first_layer, method, mode,
+                        loop):
   x = algorithm.embed(model, variables, query, positions)
   out, _, layers = algorithm.reduced(model, variables, x, positions, records=records,
                                      method=method, mode=mode, loop=loop,
                                      first_layer=first_layer)
-  extras = {k: jnp.stack([layer[k] for layer in layers]) for k in ('block_error', 'dm_max',
-                                                                   'constraint')
-            if k in layers[0]}
-  return baseline, out[:, -1], extras
+  extras = {k: jnp.stack([layer[k] for layer in layers]) for k in DIAGNOSTICS if k in layers[0]}
+  return out[:, -1], extras
+
+
+def _check_transformer(model):
+  if model.spec.is_context_ready:
+    raise ValueError('the next-token entry points support the transformer; use compute_patch '
+                     'for the context-ready model')
+
+
+def record_next_token(model, variables, tokens, lengths):
+  """Pass 1 once for right-padded prompts: (records, baseline logits [B, V]).
+
+  tokens int32 [B, T] holds each example's sequence in its first `lengths[b]` slots (padding
+  after it is ignored); the last real token is the query, everything before it the context.
+  The records feed `patched_next_token` for any number of settings, so every setting is
+  compared against one and the same baseline.
+  """
+  _check_transformer(model)
+  lengths = jnp.asarray(lengths, jnp.int32)
+  _check_model(model, 1, int(jnp.max(lengths)))
+  return _record_next_token(model, variables, jnp.asarray(tokens, jnp.int32), lengths - 1)
+
+
+def patched_next_token(model, variables, records, query, positions, *, method='direct',
+                       mode='action', first_layer=0, loop='closed'):
+  """Pass 2 from `record_next_token`'s records: the patched logits [B, V] of the query
+  tokens [B] alone at their absolute `positions` [B], and per-layer diagnostics [L, B]
+  (`DIAGNOSTICS` that the method produces). `first_layer` is traced (no recompiling)."""
+  _check_choices(method, mode, loop)
+  _check_transformer(model)
+  query = jnp.asarray(query, jnp.int32).reshape(-1, 1)
+  positions = jnp.asarray(positions, jnp.int32).reshape(-1, 1)
+  if not 0 <= int(first_layer) < model.spec.depth:
+    raise ValueError(f'first_layer={first_layer} must be in [0, depth={model.spec.depth})')
+  _check_model(model, 1, int(jnp.max(positions)) + 1)
+  return _patched_next_token(model, variables, records, query, positions,
+                             jnp.asarray(first_layer, jnp.int32), method=method, mode=mode,
+                             loop=loop)
 
 
 def next_token_comparison(model, variables, tokens, lengths, *, method='direct', mode='action',
                           first_layer=0, loop='closed'):
   """Baseline vs patched next-token logits for right-padded prompts, one compile for all.
 
-  tokens int32 [B, T] holds each example's sequence in its first `lengths[b]` slots (padding
-  after it is ignored); the last real token is the query, everything before it the context.
-  `first_layer` may differ between calls without recompiling. Returns (baseline [B, V],
-  patched [B, V], per-layer diagnostics [L, B]).
+  `record_next_token` then `patched_next_token` (to compare several settings against one
+  baseline, call those two directly). Returns (baseline [B, V], patched [B, V], per-layer
+  diagnostics [L, B]).
   """
   _check_choices(method, mode, loop)
-  if model.spec.is_context_ready:
-    raise ValueError('next_token_comparison supports the transformer; use compute_patch for '
-                     'the context-ready model')
-  lengths = jnp.asarray(lengths, jnp.int32)
-  _check_model(model, 1, int(jnp.max(lengths)))
-  return _next_token(model, variables, jnp.asarray(tokens, jnp.int32), lengths - 1,
-                     jnp.asarray(first_layer, jnp.int32), method=method, mode=mode, loop=loop)
+  records, baseline = record_next_token(model, variables, tokens, lengths)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  last = jnp.asarray(lengths, jnp.int32) - 1
+  query = jnp.take_along_axis(tokens, last[:, None], axis=1)[:, 0]
+  patched, extras = patched_next_token(model, variables, records, query, last, method=method,
+                                       mode=mode, first_layer=first_layer, loop=loop)
+  return baseline, patched, extras

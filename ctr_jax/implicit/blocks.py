@@ -44,7 +44,8 @@ def mlp_half(spec, params, v, z, *, mode: str, patch: dict | None = None,
   `target` holds the layer's full-context v, z, out (and h) at the query's last position;
   `active` (0 or 1) switches the computed patch off below the first patched layer. Returns
   (out, patch, record) where record holds last-position intermediates (a, h, f, gates) and
-  method diagnostics (dm_max, constraint, hard_case).
+  method diagnostics (dm_max and where it sits: dm_channel, dm_f, dm_h, dm_numerator, dm_scale,
+  rms_h, min_abs_f; the stable update's constraint, hard_case, mu).
   """
   fn = _FAMILIES[spec.block]
   return fn(_Ctx(spec, params, mode, patch, target, method, active), v, z)
@@ -130,12 +131,12 @@ def _gemma(ctx, v, z):
   if ctx.target is not None and ctx.method == 'stable':
     h0 = ctx.linear(a, mlp['down'])
     g = ctx.target['out'].astype(acc) - _last(v).astype(acc)
-    y, constraint, hard = stable.rms_inversion(jnp.broadcast_to(m, g.shape), g)
+    y, constraint, hard, mu = stable.rms_inversion(jnp.broadcast_to(m, g.shape), g)
     h_c = ctx.target['h'].astype(acc)
     h_target = jnp.sqrt(jnp.mean(h_c * h_c, axis=-1, keepdims=True)) * y
     down_d = ctx.put(patches.output_patch(_last(a), h_target - _last(h0).astype(acc)),
                      *down_path)
-    record.update(constraint=constraint, hard_case=hard)
+    record.update(constraint=constraint, hard_case=hard, mu=mu)
   h = ctx.linear(a, mlp['down'], down_d)
   f = layers.rms_normalize(h, s.layer_norm_eps)
   record.update(h=_last(h), f=_last(f))
@@ -143,10 +144,11 @@ def _gemma(ctx, v, z):
   if ctx.target is not None:
     f_last = patches.safe_divisor(_last(f))
     if ctx.method == 'stable':
-      dm = (g - m * _last(f)) / f_last
+      numerator = g - m * _last(f)
     else:
-      dm = ctx.residual_gap(v) / f_last
-    dm = ctx.put(dm, 'post_mlp_norm', 'scale')
+      numerator = ctx.residual_gap(v)
+    dm = ctx.put(numerator / f_last, 'post_mlp_norm', 'scale')
+    record.update(_where_dm_peaks(dm, numerator, f_last, _last(h).astype(acc), m))
   if dm is None:
     scale = m
   elif ctx.mode == 'materialise':
@@ -157,6 +159,16 @@ def _gemma(ctx, v, z):
   if dm is not None:
     record['dm_max'] = jnp.max(jnp.abs(dm), axis=-1)
   return out, ctx.patch_or_none(), record
+
+
+def _where_dm_peaks(dm, numerator, f, h, m):
+  """Per example: the channel of max |Δm| and the numerator, denominator f = N(h), h and the
+  scale m there (why a scale patch grows: a small f, or for the stable update a small m)."""
+  channel = jnp.argmax(jnp.abs(dm), axis=-1)
+  at = lambda a: jnp.take_along_axis(jnp.broadcast_to(a, dm.shape), channel[:, None], -1)[:, 0]
+  return {'dm_channel': channel, 'dm_numerator': at(numerator), 'dm_f': at(f), 'dm_h': at(h),
+          'dm_scale': at(m), 'rms_h': jnp.sqrt(jnp.mean(h * h, axis=-1)),
+          'min_abs_f': jnp.min(jnp.abs(f), axis=-1)}
 
 
 def _llama(ctx, v, z):

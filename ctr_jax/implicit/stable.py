@@ -107,16 +107,17 @@ def solve_rms_inversion(m, g):
 def rms_inversion(m: jax.Array, g: jax.Array):
   """`solve_rms_inversion` inside traced JAX code (a host callback; float64 on the host).
 
-  Returns (y, constraint residual, hard_case) with y in float32 (float64 under x64).
+  Returns (y, constraint residual, hard_case, mu) with y, mu in float32 (float64 under x64).
   """
   dtype = layers.accumulation_dtype(g.dtype)
   batch = g.shape[:-1]
 
   def host(m, g):
     y, info = solve_rms_inversion(m, g)
-    return (y.astype(dtype), info['constraint'].astype(dtype), info['hard_case'])
+    return (y.astype(dtype), info['constraint'].astype(dtype), info['hard_case'],
+            info['mu'].astype(dtype))
 
   out_shapes = (jax.ShapeDtypeStruct(g.shape, dtype), jax.ShapeDtypeStruct(batch, dtype),
-                jax.ShapeDtypeStruct(batch, jnp.bool_))
+                jax.ShapeDtypeStruct(batch, jnp.bool_), jax.ShapeDtypeStruct(batch, dtype))
   return jax.pure_callback(host, out_shapes, jnp.broadcast_to(m, g.shape), g,
                            vmap_method='expand_dims')
