@@ -1,8 +1,8 @@
 """SmolLM2-135M converted to a context-ready model and fine-tuned on the KJV (issue 18 item 3).
 
-The run whose numbers are in docs/conversion.md (CPU, about 25 minutes of training):
+The run whose numbers are in docs/conversion.md (2 shared CPU cores: about 20 minutes of training, 40 steps of each model):
 
-  python scripts/convert_pretrained.py --config=configs/convert_pretrained.py:steps=48
+  python scripts/convert_pretrained.py --config=configs/convert_pretrained.py
 
 Args (`:a=1,b=x`): model (a name in ctr_jax.pretrained.MODELS) or gguf=PATH (any llama/gemma3
 GGUF file), steps, batch, seq_len, k (the converted model's training K), lr, warmup,
@@ -21,7 +21,7 @@ PROMPTS = ('And it came to pass, when the king heard',  # the fine-tuning corpus
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, model='smollm2_135m', gguf='', steps=48, batch=4, seq_len=128,
+  arg = config_lib.parse_arg(arg, model='smollm2_135m', gguf='', steps=40, batch=4, seq_len=128,
                              k=2, lr=2e-4, warmup=5, freeze='embed', freeze_layers=0,
                              eval_windows=32, num_tokens=32, docs='docs', seed=0, quick=False)
   c = ml_collections.ConfigDict()

@@ -222,6 +222,12 @@ def evaluate(tf_model, tf_vars, crt_model, crt_vars, val_windows, *, k, batch, s
       crt_model, crt_vars, val_windows, mode='sequential', batch=batch, reference=reference)
   times['context_ready_sequential'] = time.time() - t
   out['max_abs_dlogit_sequential_vs_' + ('transformer' if step0 else 'parallel')] = dlogit
+  # How large the learnt correction is beside the embedding it is added to (first chunk).
+  chunk = jnp.asarray(val_windows[:batch, :-1])
+  c = crt_model.apply(crt_vars, chunk, k, method='correction_after')
+  e = crt_model.apply(crt_vars, chunk, True, method='embed_tokens')
+  out['rms_correction'] = float(jnp.sqrt(jnp.mean(jnp.square(c))))
+  out['rms_embedding'] = float(jnp.sqrt(jnp.mean(jnp.square(e))))
   return out, times
 
 
@@ -255,7 +261,7 @@ def _optim_config(config):
 
 
 def _ppl(nlls: dict) -> dict:
-  return {k: perplexity(v) for k, v in nlls.items() if not k.startswith('max_abs')}
+  return {k: perplexity(v) for k, v in nlls.items() if not k.startswith(('max_abs', 'rms_'))}
 
 
 def run(config, command: str, log=print) -> dict:
@@ -405,7 +411,10 @@ def section(r: dict, name: str) -> str:
       f"| median step | {_fmt(tr['transformer']['median_step_s'])} s | "
       f"{_fmt(tr['context_ready']['median_step_s'])} s | - |", '',
       f"After fine-tuning the converted model's exact scan differs from its parallel K={c['k']} "
-      f"forward by max |Δlogit| {fin['nll']['max_abs_dlogit_sequential_vs_parallel']:.3g}.", '',
+      f"forward by max |Δlogit| {fin['nll']['max_abs_dlogit_sequential_vs_parallel']:.3g}; "
+      f"its correction c^(K) has rms {fin['nll']['rms_correction']:.3g} beside the embedding's "
+      f"{fin['nll']['rms_embedding']:.3g} (first {c['eval_batch']} validation windows; "
+      f"step 0: {s0['nll']['rms_correction']:.3g}).", '',
       f"Training cross-entropy (first → last step): transformer "
       f"{tr['transformer']['train_ce'][0]:.3f} → {tr['transformer']['train_ce'][-1]:.3f}, "
       f"context-ready {tr['context_ready']['train_ce'][0]:.3f} → "
