@@ -1,6 +1,7 @@
 """SmolLM2-135M converted to a context-ready model and fine-tuned on the KJV (issue 18 item 3).
 
-The run whose numbers are in docs/conversion.md (2 shared CPU cores: about 20 minutes of training, 40 steps of each model):
+The run whose numbers are in docs/conversion.md (2 shared CPU cores: about 20 minutes of
+training, 40 steps of each model):
 
   python scripts/convert_pretrained.py --config=configs/convert_pretrained.py
 

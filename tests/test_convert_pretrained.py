@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ctr_jax import convert, decode, models
+from ctr_jax.experiments import conversion_report
 from ctr_jax.experiments import convert_pretrained as cp
 from helpers import max_abs_diff, random_tokens
 
@@ -91,12 +92,12 @@ def test_smoke_run_writes_the_json_and_the_doc(tmp_path):
   assert set(record['samples']) == {'original', 'transformer', 'context_ready'}
   assert len(record['samples']['context_ready'][0]['ids']) == config.num_tokens
   doc = (docs / 'conversion.md').read_text()
-  assert doc.count(cp.BEGIN.format('tiny')) == 1 and 'the command' in doc
+  assert doc.count(conversion_report.BEGIN.format('tiny')) == 1 and 'the command' in doc
   # A second report replaces its section and keeps the hand-written text around it.
   (docs / 'conversion.md').write_text('# Title\n\nhand-written\n\n' + doc.split('\n', 2)[2])
-  cp.write_report(results, str(docs), 'tiny')
+  conversion_report.write_report(results, str(docs), 'tiny')
   doc = (docs / 'conversion.md').read_text()
-  assert doc.count(cp.BEGIN.format('tiny')) == 1 and 'hand-written' in doc
+  assert doc.count(conversion_report.BEGIN.format('tiny')) == 1 and 'hand-written' in doc
 
 
 @pytest.mark.parametrize('arg, field', [('freeze=all', 'config.freeze'),
