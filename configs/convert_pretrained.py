@@ -53,4 +53,7 @@ def get_config(arg=None):
     c.steps, c.batch, c.seq_len, c.warmup_steps = 2, 2, 16, 1
     c.max_chapters = 60
     c.eval_windows, c.eval_batch, c.num_tokens = 4, 4, 4
+  # Bad values fail here, when the flag is parsed, not after the model has loaded.
+  from ctr_jax.experiments import convert_pretrained  # pylint: disable=g-import-not-at-top
+  convert_pretrained.validate(c)
   return c

@@ -108,4 +108,9 @@ def test_smoke_run_writes_the_json_and_the_doc(tmp_path):
                                         ('nonsense=1', 'nonsense')])
 def test_bad_args_are_named(arg, field):
   with pytest.raises(ValueError, match=field):
-    cp.validate(config_module.get_config(arg))
+    config_module.get_config(arg)
+  # run() checks a config edited after loading as well.
+  config = config_module.get_config()
+  config.freeze = 'all'
+  with pytest.raises(ValueError, match='config.freeze'):
+    cp.run(config, 'cmd')
