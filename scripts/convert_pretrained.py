@@ -27,7 +27,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # backend INFO lines drown the report
   # pylint: disable-next=g-import-not-at-top
   from ctr_jax.experiments import convert_pretrained
-  results = convert_pretrained.run(FLAGS.config, ' '.join(sys.argv), log=log)
+  results = convert_pretrained.run(FLAGS.config, ' '.join(['python', *sys.argv]), log=log)
   log(f"wrote {FLAGS.config.docs_dir}/conversion/{results['model']}.json and "
       f'{FLAGS.config.docs_dir}/conversion.md')
 

@@ -132,7 +132,7 @@ def main(argv):
     trained, prompts, decode = checkpoint_model(config)
   else:
     trained, prompts, decode = small_models(config)
-  results = {'machine': generation.machine(), 'command': ' '.join(sys.argv),
+  results = {'machine': generation.machine(), 'command': ' '.join(['python', *sys.argv]),
              'prompt_format': config.prompt_format if (config.model or config.hf_dir)
                               else 'plain, after <|endoftext|>',
              'prompts': [decode(p) for p in prompts], 'prompt_ids': prompts, 'families': {}}
