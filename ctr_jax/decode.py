@@ -18,6 +18,7 @@ over its positions (matrix-matrix passes) on the caches of the earlier chunks
 
 import functools
 import numbers
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -270,6 +271,34 @@ def _sample_loop(model, fused_variables, last_logits, state, num_tokens, rng, te
   return jnp.swapaxes(tokens, 0, 1), state
 
 
+_fuse = jax.jit(attention.fuse_qkv)
+# The last variables `generate` / `continue_generation` fused: (weak refs to their parameter
+# leaves, the fused collection). One entry, so at most one extra copy of the q/k/v weights lives.
+_last_fused: list = []
+
+
+def with_fused_qkv(variables):
+  """`variables` with the fused q/k/v collection, fused once per set of parameters.
+
+  Fusing concatenates every layer's q/k/v weights, a copy of a third of the attention weights
+  that a whole `generate` call would otherwise pay on each call. The result is reused while the
+  caller passes the same (immutable) jax arrays; new arrays, numpy arrays or tracers are fused
+  afresh (numpy arrays may change in place, so they are never cached).
+  """
+  if attention.FUSED in variables:
+    return variables
+  leaves = jax.tree.leaves(variables['params'])
+  if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
+    return attention.fuse_qkv(variables)
+  if _last_fused:
+    refs, fused = _last_fused[0]
+    if len(refs) == len(leaves) and all(r() is x for r, x in zip(refs, leaves)):
+      return {**variables, attention.FUSED: fused}
+  fused = _fuse({'params': variables['params']})[attention.FUSED]
+  _last_fused[:] = [([weakref.ref(x) for x in leaves], fused)]
+  return {**variables, attention.FUSED: fused}
+
+
 @functools.partial(jax.jit, static_argnums=(0, 4, 7))
 def _continue(model, variables, last_logits, state, num_tokens, rng, temperature, top_k):
   return _sample_loop(model, attention.fuse_qkv(variables), last_logits, state, num_tokens, rng,
@@ -287,7 +316,7 @@ def continue_generation(model, variables, last_logits: jax.Array, state: DecodeS
   if int(state.index) + num_tokens > slots:
     raise ValueError(f'the state holds {slots} positions and {int(state.index)} are used; '
                      f'{num_tokens} more do not fit (prefill with a larger length)')
-  return _continue(model, variables, last_logits, state, int(num_tokens), rng,
+  return _continue(model, with_fused_qkv(variables), last_logits, state, int(num_tokens), rng,
                    jnp.float32(temperature), int(top_k))
 
 
@@ -342,5 +371,6 @@ def generate(model, variables, prompt: jax.Array, num_tokens: int, rng, temperat
                        f'prefill={prefill!r}')
     if not prefill_tolerance >= 0:
       raise ValueError(f'prefill_tolerance: got {prefill_tolerance!r}, allowed a number >= 0')
-  return _generate(model, variables, prompt, int(num_tokens), rng, jnp.float32(temperature),
-                   int(top_k), prefill, chunk, passes, jnp.float32(prefill_tolerance))
+  return _generate(model, with_fused_qkv(variables), prompt, int(num_tokens), rng,
+                   jnp.float32(temperature), int(top_k), prefill, chunk, passes,
+                   jnp.float32(prefill_tolerance))

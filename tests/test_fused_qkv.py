@@ -70,3 +70,22 @@ def test_generate_fuses_once_outside_the_loop():
   # The [3C, C] matrix is built (once per call) and never inside the loop over positions.
   assert fused_matrix.search(hlo)
   assert not [line for line in in_loop if fused_matrix.search(line)]
+
+
+def test_generate_fuses_once_per_set_of_parameters(monkeypatch):
+  model, variables, tokens = family_lm('llama', dtype='float32', seed=5)
+  calls = []
+  fuse = decode._fuse  # pylint: disable=protected-access
+  monkeypatch.setattr(decode, '_fuse', lambda v: calls.append(1) or fuse(v))
+  monkeypatch.setattr(decode, '_last_fused', [])
+  prompt = tokens[:1, :4]
+  first = decode.generate(model, variables, prompt, 3, jax.random.key(0))
+  again = decode.generate(model, variables, prompt, 3, jax.random.key(0))
+  assert len(calls) == 1 and np.array_equal(first, again)
+  # New parameters are fused afresh: the output is the new model's, never the cached one's.
+  changed = jax.tree.map(lambda x: x * -1.5, variables)
+  out = decode.generate(model, changed, prompt, 3, jax.random.key(0))
+  assert len(calls) == 2
+  reference = decode.generate(model, jax.tree.map(np.asarray, changed), prompt, 3,
+                              jax.random.key(0))  # numpy leaves: never cached
+  assert len(calls) == 2 and np.array_equal(out, reference)
