@@ -92,7 +92,11 @@ def table1_runs(scale, seeds):
 
 
 def table1_report(records, scale, figure):
-  lines = []
+  lines = ['FLOPs/token is the paper\'s per-token inference cost (D·12C² + 8C² + VC against '
+           'N·12C² + VC, at this V); the models see the same tokens. Training compute is not '
+           'matched: the CRTs train with K ~ U{2..5} (configs/repro.py defaults), so each '
+           'training token passes their block 2-5 times (the wall-time column shows the cost).',
+           '']
   verdicts = []
   groups = repro_lib.by_group(records)
   for level, _ in scale.levels:
@@ -127,8 +131,13 @@ def table1_report(records, scale, figure):
       for g in sorted(crts):
         c = compare(groups[g], groups[best_t], repro_lib.final_ppl)
         delta = fmt(c['delta_mean'], c['delta_std'])
+        step = crossover_step(groups[g], groups[best_t])
+        first = min(e['step'] for r in groups[g] for e in r['evals'])
+        cross = ('never below it' if step is None else
+                 f'below it from the first evaluation (step {first}) on' if step == first else
+                 f'crossover at step {step}')
         verdicts.append(f"{g} vs the best transformer {best_t}: ΔPPL {delta} over {c['n']} "
-                        f"seed(s): **{c['verdict']}**")
+                        f"seed(s): **{c['verdict']}**; validation curve {cross}")
   if figure:
     _plot_curves(records, scale, figure)
     lines.append(f'![table1 curves](reproduction/{os.path.basename(figure)})')
@@ -156,7 +165,9 @@ def _plot_curves(records, scale, path):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   groups = repro_lib.by_group(records)
-  levels = [level for level, _ in scale.levels]
+  # Levels with no finished run get no panel (the table says "not run yet").
+  levels = [level for level, _ in scale.levels
+            if any(g.startswith(f'{level} ') for g in groups)] or [scale.levels[0][0]]
   fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4), squeeze=False)
   for ax, level in zip(axes[0], levels):
     mine = {g: rs for g, rs in groups.items() if g.startswith(f'{level} ')}
@@ -171,8 +182,12 @@ def _plot_curves(records, scale, path):
     if crts and ts:
       best = lambda gs: min(gs, key=lambda g: np.mean([repro_lib.final_ppl(r) for r in mine[g]]))
       step = crossover_step(mine[best(crts)], mine[best(ts)])
-      if step is not None:
+      first = min(e['step'] for r in mine[best(crts)] for e in r['evals'])
+      if step is not None and step > first:
         ax.axvline(step, color='gray', ls=':', label=f'crossover (best CRT vs best N) {step}')
+      elif step is not None:
+        ax.text(0.02, 0.03, f'best CRT below best N from the first evaluation (step {first}) on',
+                transform=ax.transAxes, fontsize=7, color='gray')
     ax.set_title(f'cost level {level} FLOPs/token')
     ax.set_xlabel('step')
     ax.set_ylabel('validation PPL (parallel K; mean over seeds)')
