@@ -274,10 +274,14 @@ def _simple_table(records, baseline: str | None, header: str):
         row += ' |'
       else:
         c = compare(rs, groups[baseline], repro_lib.final_ppl)
-        row += f' {fmt(c["delta_mean"], c["delta_std"])} ({c["verdict"]} lower) |'
+        row += f' {fmt(c["delta_mean"], c["delta_std"])} ({_OUTCOME[c["verdict"]]}) |'
         verdicts.append((g, c))
     lines.append(row)
   return lines, verdicts
+
+
+# How a row's value compares with the reference row, by `compare`'s two-sigma rule.
+_OUTCOME = {'holds': 'lower', 'does not hold': 'higher', 'inconclusive': 'inconclusive'}
 
 
 def k_min_report(records, scale, figure):
@@ -293,7 +297,7 @@ def k_min_report(records, scale, figure):
     if same['verdict'] == 'inconclusive' and floor['verdict'] == 'holds':
       verdict = 'holds (k_min = 2 within noise of fixed K = 5; fixed K = 2 measurably worse)'
     elif same['verdict'] != 'inconclusive':
-      verdict = f"does not hold (k_min = 2 vs fixed K = 5: {same['verdict']} lower)"
+      verdict = f"does not hold (k_min = 2 vs fixed K = 5: {_OUTCOME[same['verdict']]})"
     else:
       verdict = 'inconclusive (the K = 2 floor is not measurably worse either)'
     verdicts.append(f"k_min = 2 vs fixed K = 5: ΔPPL {fmt(same['delta_mean'], same['delta_std'])}"
@@ -556,7 +560,7 @@ def grad_iterations_report(records, scale, figure):
            f'{speed / full_speed:.2f}x |')
     if m != 5 and full:
       c = compare(rs, full, repro_lib.final_ppl)
-      row += f" {fmt(c['delta_mean'], c['delta_std'])} ({c['verdict']} lower) |"
+      row += f" {fmt(c['delta_mean'], c['delta_std'])} ({_OUTCOME[c['verdict']]}) |"
       worse = c['verdict'] == 'does not hold'
       verdicts.append(f"m = {m}: {speed / full_speed:.2f}x the throughput of full "
                       f"backpropagation, ΔPPL {fmt(c['delta_mean'], c['delta_std'])} "
