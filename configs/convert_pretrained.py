@@ -10,7 +10,8 @@ GGUF file), steps, batch, seq_len, k (the converted model's training K), lr, war
 freeze ('embed' | 'none'), freeze_layers (the lowest blocks also frozen), eval_windows,
 num_tokens (sampled per prompt), docs (where conversion.md and conversion/<model>.json go),
 seed, and quick: a smoke run of a few seconds on a tiny model (with gguf=...) or a few minutes
-on the real one.
+on the real one. `runlocal` is accepted as by every config and changes nothing (the default
+already runs on a CPU).
 """
 
 import ml_collections
@@ -24,7 +25,8 @@ PROMPTS = ('And it came to pass, when the king heard',  # the fine-tuning corpus
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, model='smollm2_135m', gguf='', steps=40, batch=4, seq_len=128,
                              k=2, lr=2e-4, warmup=5, freeze='embed', freeze_layers=0,
-                             eval_windows=32, num_tokens=32, docs='docs', seed=0, quick=False)
+                             eval_windows=32, num_tokens=32, docs='docs', seed=0, quick=False,
+                             runlocal=False)
   c = ml_collections.ConfigDict()
   c.model = arg.model
   c.gguf = arg.gguf                 # a .gguf file instead of a packaged model
