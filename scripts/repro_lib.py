@@ -102,21 +102,20 @@ def execute_logged(command: list[str], workdir: str) -> int:
   return code
 
 
-def invocations(workdir: str) -> list[dict]:
-  """Every launch recorded in the workdir's ledger, oldest first."""
-  path = os.path.join(workdir, 'invocations.jsonl')
+def _read_jsonl(path: str) -> list[dict]:
   if not os.path.exists(path):
     return []
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def invocations(workdir: str) -> list[dict]:
+  """Every launch recorded in the workdir's ledger, oldest first."""
+  return _read_jsonl(os.path.join(workdir, 'invocations.jsonl'))
 
 
 def _metrics_rows(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return _read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
 
 
 EVAL_KEYS = ('val_loss', 'val_ppl', 'val_loss_sequential', 'val_ppl_sequential')
