@@ -24,7 +24,13 @@ Args:
   encoding: 'sections' (default: a query section after every table, the author's code) or
          'tables' (tables and the final query only, the author's notes, on which his recorded
          staircases were scored; T = 25H + 2, levels L0..L(H-1) = table keys, L(H) = final
-         query). See docs/pointer_chasing.md, "Representability".
+         query) or 'multi_q' ('sections' with the author's multi-Q helper sections: before a
+         level-L query section, L partial sections whose targets are the keys 1 .. L hops down;
+         scored like 'sections'). See docs/pointer_chasing.md, "Representability".
+  loss_over: 'targets' (default: the mean over target positions, the author's) or 'all' (the
+         same sum over every position: a constant factor smaller).
+  positions: 'rope' (default), 'rope_integer' (the author's integer angles) or 'none' (his
+         no-RoPE option: the causal mask is the only order signal).
   runlocal: a CPU smoke run of the same task: at most 200 steps, evaluated on 256 examples.
 Defaults follow the author's runs (reference section 7.3): width 128, 4 heads, Adam lr 1e-3
 (no weight decay, constant rate), gradient clipping 1.0, batch 64, dropout 0, PyTorch-default
@@ -61,10 +67,11 @@ def model_for(name: str, hops: int, width: int = 128, heads: int = 4,
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, hops=3, model='d1_bptt', steps=5000, width=128, seed=0,
                               entry_targets=0, equals_targets=0, encoding='sections',
-                              runlocal=False)
+                              loss_over='targets', positions='rope', runlocal=False)
   encoding = pointer_chasing.check_encoding(args.encoding)
   c = common.get_base()
   c.model, recipe = model_for(args.model, args.hops, args.width, encoding=encoding)
+  c.model.positions = args.positions  # checked with the model config
   c.train.update(recipe)
   c.seed = args.seed
   c.data.name = 'pointer_chasing'
@@ -74,6 +81,7 @@ def get_config(arg=None):
       raise ValueError(f'config arg {helper}={args[helper]!r}: allowed 0 or 1')
     c.data[helper] = bool(args[helper])  # helper targets (training only); see the docstring
   c.data.encoding = encoding
+  c.data.loss_over = args.loss_over   # checked by the task (ctr_jax/tasks/pointer_chasing.py)
   c.data.seq_len = pointer_chasing.seq_len(args.hops, encoding)
   c.batch_size = 64
   c.total_steps = args.steps

@@ -154,6 +154,32 @@ def test_integer_rope_model_decodes_like_its_parallel_forward():
   assert max_abs_diff(full, ladder.apply(variables, tokens, k_unroll=7)) > 1e-3
 
 
+def test_no_positions_one_layer_reads_its_prefix_as_a_set():
+  # positions='none' (the author's no-RoPE pointer-chasing option): with the causal mask as the
+  # only order signal, a 1-layer transformer's last output is a function of the multiset of the
+  # earlier tokens, so reordering them changes nothing there; with RoPE it does.
+  cfg = models.model_config(kind='transformer', vocab_size=11, width=16, depth=1, num_heads=2,
+                            max_len=8, positions='none')
+  model = models.build(cfg)
+  tokens = jnp.array([[3, 7, 1, 9, 4]])
+  shuffled = jnp.array([[1, 9, 7, 3, 4]])
+  variables = model.init(jax.random.key(8), tokens)
+  last = lambda m, t: m.apply(variables, t)[0, -1]
+  assert max_abs_diff(last(model, tokens), last(model, shuffled)) <= 1e-5
+  rope = models.build(models.model_config(**{**cfg.to_dict(), 'positions': 'rope'}))
+  assert max_abs_diff(last(rope, tokens), last(rope, shuffled)) > 1e-4
+
+
+def test_no_positions_model_decodes_like_its_parallel_forward():
+  cfg = models.model_config(kind='context_ready', vocab_size=13, width=16, depth=2, num_heads=2,
+                            max_len=8, positions='none')
+  model = models.build(cfg)
+  tokens = jax.random.randint(jax.random.key(9), (2, 6), 0, 13)
+  variables = model.init(jax.random.key(10), tokens)
+  full = model.apply(variables, tokens, k_unroll=7)
+  assert max_abs_diff(full, decode.sequential_logits(model, variables, tokens)) <= 1e-4
+
+
 def test_moe_routing_is_mixtral_top_k():
   logits = jax.random.normal(jax.random.key(4), (5, 6))
   gates = np.asarray(layers.moe_gates(logits, 2))

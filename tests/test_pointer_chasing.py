@@ -227,6 +227,11 @@ def test_loss_on_targets_scores_the_key_positions_themselves():
   picked = [log_probs[b, t, targets[b, t]] for b, t in zip(*np.nonzero(targets >= 0))]
   assert float(pointer_task.loss_on_targets(logits, targets)) == pytest.approx(-np.mean(picked),
                                                                               rel=1e-5)
+  # 'all': the same sum over every position (4 targets of 10 positions).
+  assert float(pointer_task.loss_on_targets(logits, targets, 'all')) == pytest.approx(
+      -np.sum(picked) / 10, rel=1e-5)
+  with pytest.raises(ValueError, match='over'):
+    pointer_task.loss_on_targets(logits, targets, 'mean')
 
 
 # ------------------------------------------------------------------------------------------------
@@ -295,3 +300,73 @@ def test_encoding_is_validated():
   assert 'L0 table' in pc.format_example(*pc.sample(2, 0, encoding='tables'), encoding='tables')
   assert 'query' not in pc.format_example(*pc.sample(2, 0, encoding='tables'),
                                           encoding='tables')
+
+
+def split_multi_q(row, hops):
+  """A 'multi_q' row -> (the row without its partial sections, {level: [partial sections]})."""
+  keep, partial, pos = [], {}, 0
+  for level in range(hops):
+    keep.append(row[pos:pos + 25])
+    pos += 25
+    partial[level] = [row[pos + 17 * j:pos + 17 * (j + 1)] for j in range(level)]
+    pos += 17 * level
+    keep.append(row[pos:pos + 17])
+    pos += 17
+  keep.append(row[pos:])
+  return np.concatenate(keep), partial
+
+
+@pytest.mark.parametrize('hops,equals_targets', [(1, False), (3, False), (4, True)])
+def test_multi_q_adds_partial_sections_whose_targets_are_the_keys_j_hops_down(hops,
+                                                                             equals_targets):
+  tokens, targets = pc.batch(hops, 24, seed=7, encoding='multi_q', equals_targets=equals_targets)
+  full_tokens, full_targets = pc.batch(hops, 24, seed=7, equals_targets=equals_targets)
+  assert tokens.shape == (24, 42 * hops + 17 * hops * (hops - 1) // 2 + 2)
+  assert tokens.shape[1] == pc.seq_len(hops, 'multi_q')
+  labels = pc.position_labels(hops, 'multi_q')
+  assert np.sum(labels.kind == pc.PARTIAL_QUERY) == 8 * hops * (hops - 1) // 2
+  for row, row_targets, full, full_t in zip(tokens, targets, full_tokens, full_targets):
+    rest, partial = split_multi_q(row, hops)
+    np.testing.assert_array_equal(rest, full)  # the 'sections' twin, partial sections removed
+    np.testing.assert_array_equal(split_multi_q(row_targets, hops)[0], full_t)
+    tables, _ = read_example(full, hops)
+    _, partial_targets = split_multi_q(row_targets, hops)
+    for level in range(hops):
+      for j, (section, answers) in enumerate(zip(partial[level], partial_targets[level]), 1):
+        assert section[-1] == pc.SEP and np.all(section[0:16:2] == pc.QUERY)
+        keys = section[1:16:2]
+        assert sorted(keys) == list(range(4 + 8 * level, 12 + 8 * level))
+        for key, answer in zip(keys, answers[1:16:2]):
+          for lvl in range(level, level - j, -1):
+            key = tables[lvl][int(key)]
+          assert answer == key and (answer - 4) // 8 == level - j
+  # Scoring ignores the partial sections: it is the 'sections' scoring of the same rows.
+  assert set(labels.kind[labels.kind != pc.PARTIAL_QUERY]) <= {
+      pc.NONE, pc.TABLE_KEY, pc.QUERY_KEY, pc.FINAL_QUERY, pc.EQUALS_TARGET, pc.ENTRY_TARGET}
+  text = pc.format_example(tokens[0], targets[0], encoding='multi_q')
+  assert text.count('-hop:') == hops * (hops - 1) // 2 and text.count('query:') == hops
+
+
+def test_plateau_profile_shows_each_section_slot_by_slot():
+  hops = 2
+
+  def knows_level0(tokens):
+    out = np.zeros_like(tokens)
+    for i in range(len(tokens)):
+      row, answers = pc.sample(hops, pc.EVAL_SEED, start[0] + i, encoding='multi_q')
+      assert np.array_equal(row, tokens[i])
+      out[i] = np.where((row - 4) // 8 == 0, answers, 0)  # right exactly at level-0 keys
+    start[0] += len(tokens)
+    return out
+  start = [0]
+  result = pointer_task.evaluate(knows_level0, hops, num_examples=8, batch_size=8,
+                                 encoding='multi_q')
+  accuracy = result['position_accuracy']
+  assert accuracy.shape == (pc.seq_len(hops, 'multi_q'),)
+  assert np.isnan(accuracy[pc.position_labels(hops, 'multi_q').kind == pc.NONE]).all()
+  text = pointer_task.plateau_profile(accuracy, hops, 'multi_q')
+  lines = text.splitlines()
+  assert lines[2] == '| table keys | L0 | ' + ' | '.join(['1.00'] * 8) + ' |'
+  assert '| partial section, 1 hop | L1 | ' + ' | '.join(['0.00'] * 8) + ' |' in lines
+  assert sum(line.startswith('| final query') for line in lines) == 1
+  assert len(lines) == 2 + 2 + 1 + 2 + 1  # L0: table, query; L1: table, partial, query; final

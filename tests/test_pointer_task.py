@@ -144,3 +144,16 @@ def test_tables_encoding_through_the_config_and_the_task():
   old = small('hops=2,model=t1')
   del old.data['encoding']
   pointer_task.validate_config(old)
+
+
+def test_training_switches_reach_the_model_and_the_task():
+  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
+  config = small('hops=2,model=t1,encoding=multi_q,loss_over=all,positions=none')
+  assert config.data.seq_len == pc_config.pointer_chasing.seq_len(2, 'multi_q') == 103
+  config_lib.validate(config)
+  task = pointer_task.PointerChasing(config, process_index=0, process_count=1)
+  assert task.loss_over == 'all' and config.model.positions == 'none'
+  for arg, field in (('loss_over=mean', 'loss_over'), ('positions=alibi', 'positions')):
+    with pytest.raises(ValueError, match=field):
+      config_lib.validate(small(f'hops=2,model=t1,{arg}'))

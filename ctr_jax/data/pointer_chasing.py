@@ -19,8 +19,14 @@ L index lookups plus one base lookup.
 Token ids: PAD=0, QUERY=1, '='=2, '|'=3, then the keys of level 0, 1, ..., H-1 (8 each), then the
 16 values: V = 4 + 8H + 16 (100 for H = 10), T = 42H + 2 (25 table + 17 query tokens per level).
 
-Two encodings, both the author's (reference 7.2), chosen by `encoding`:
+Three encodings, all the author's (reference 7.2), chosen by `encoding`:
   'sections' (default): the layout above, his code's version; scored on the query sections.
+  'multi_q':  'sections' with his optional multi-Q helper sections: before level L's query
+              section come L partial sections, `QUERY key` for every key of the level with the
+              key reached after j = 1 .. L hops as the target (a key of level L - j), so each
+              hop of the chain is supervised on its own. His code names them (helper targets
+              for 1-hop, 2-hop, ... partial resolutions); this layout is our reading of that.
+              T = 42H + 17H(H-1)/2 + 2; scored like 'sections' (the full-resolution sections).
   'tables':   his notes' version, the one his recorded staircases were scored on (3 hops: levels
               L0..L3; 20 hops: "all 21 levels"): the tables alone, then the final `QUERY key`;
               T = 25H + 2, targets at the table keys and the final query; levels L0..L(H-1) are
@@ -66,12 +72,13 @@ IGNORE = -1                    # target at positions without one
 # carry the entry's resolved value with equals_targets=True: the answer one token before the key,
 # so that at every level the key token can read it from the position before it, the way a level-0
 # key reads its value (our helper, not the author's; see docs/pointer_chasing.md).
-NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY, ENTRY_TARGET, EQUALS_TARGET = 0, 1, 2, 3, 4, 5
+# PARTIAL_QUERY: the keys of the 'multi_q' encoding's partial sections (trained, never scored).
+NONE, TABLE_KEY, QUERY_KEY, FINAL_QUERY, ENTRY_TARGET, EQUALS_TARGET, PARTIAL_QUERY = range(7)
 # Their switches: keyword arguments of `sample`, `batch`, `PointerChasingSource`, and fields of
 # config.data (args of configs/pointer_chasing.py).
 HELPER_TARGETS = ('entry_targets', 'equals_targets')
 
-ENCODINGS = ('sections', 'tables')
+ENCODINGS = ('sections', 'tables', 'multi_q')
 DEFAULT_ENCODING = 'sections'
 
 # Seed of the evaluation stream; negative so that no training seed (>= 0) can produce it.
@@ -95,9 +102,17 @@ def check_encoding(encoding: str) -> str:
   return encoding
 
 
-def _level_len(encoding: str) -> int:
-  """Tokens per level: a table and its query section, or the table alone."""
-  return LEVEL_LEN if check_encoding(encoding) == 'sections' else TABLE_LEN
+def _query_sections(level: int, encoding: str) -> int:
+  """Query sections after level `level`'s table: 1, none ('tables'), or L partial + 1 full."""
+  return {'sections': 1, 'tables': 0, 'multi_q': level + 1}[check_encoding(encoding)]
+
+
+def _level_starts(hops: int, encoding: str) -> list[int]:
+  """Offset of each level's table, and the offset of the final query at the end."""
+  starts = [0]
+  for lvl in range(hops):
+    starts.append(starts[-1] + TABLE_LEN + QUERY_LEN * _query_sections(lvl, encoding))
+  return starts
 
 
 def vocab_size(hops: int) -> int:
@@ -107,8 +122,9 @@ def vocab_size(hops: int) -> int:
 
 def seq_len(hops: int, encoding: str = DEFAULT_ENCODING) -> int:
   """T = 42 * hops + 2: per level a 25-token table and a 17-token query section, then the query
-  ('sections'); T = 25 * hops + 2 for 'tables'."""
-  return _level_len(encoding) * _check_hops(hops) + 2
+  ('sections'); T = 25 * hops + 2 for 'tables'; 42 * hops + 17 * hops * (hops - 1) / 2 + 2 for
+  'multi_q'."""
+  return _level_starts(_check_hops(hops), encoding)[-1] + 2
 
 
 def key_token(level: int, key):
@@ -125,7 +141,8 @@ class PositionLabels(NamedTuple):
   """What each position of a `hops`-level sequence is, identical for every example.
 
   kind:  int32 [T]: NONE, TABLE_KEY, QUERY_KEY or FINAL_QUERY (the positions with a target),
-         ENTRY_TARGET / EQUALS_TARGET (a target only with entry_targets / equals_targets).
+         ENTRY_TARGET / EQUALS_TARGET (a target only with entry_targets / equals_targets),
+         PARTIAL_QUERY ('multi_q' only: a target in training, never scored).
   level: int32 [T]: table level of the key at that position (-1 where kind is NONE; for '='
          the level of its table).
   """
@@ -135,16 +152,19 @@ class PositionLabels(NamedTuple):
 
 def position_labels(hops: int, encoding: str = DEFAULT_ENCODING) -> PositionLabels:
   """Per-position section kinds and levels, for grouping accuracies by level."""
-  hops, level_len = _check_hops(hops), _level_len(encoding)
+  hops = _check_hops(hops)
+  starts = _level_starts(hops, encoding)
   kind = np.full(seq_len(hops, encoding), NONE, np.int32)
   level = np.full(seq_len(hops, encoding), -1, np.int32)
   for lvl in range(hops):
-    start = level_len * lvl
+    start = starts[lvl]
     table_keys = start + 3 * np.arange(NUM_KEYS) + 2
     kind[table_keys], level[table_keys] = TABLE_KEY, lvl
-    if encoding == 'sections':
-      query_keys = start + TABLE_LEN + 2 * np.arange(NUM_KEYS) + 1
-      kind[query_keys], level[query_keys] = QUERY_KEY, lvl
+    sections = _query_sections(lvl, encoding)
+    for section in range(sections):  # the partial sections first, the full one last
+      query_keys = start + TABLE_LEN + QUERY_LEN * section + 2 * np.arange(NUM_KEYS) + 1
+      kind[query_keys] = QUERY_KEY if section == sections - 1 else PARTIAL_QUERY
+      level[query_keys] = lvl
     kind[table_keys - 1], level[table_keys - 1] = EQUALS_TARGET, lvl
     if lvl:
       kind[table_keys - 2], level[table_keys - 2] = ENTRY_TARGET, lvl - 1
@@ -185,17 +205,22 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
               encoding: str = DEFAULT_ENCODING) -> tuple[np.ndarray, np.ndarray]:
   """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each.
 
-  Both encodings draw the same tables and final query from (seed, index): a 'tables' example
-  is its 'sections' twin without the query sections.
+  Every encoding draws the same tables, query orders and final query from (seed, index): a
+  'tables' example is its 'sections' twin without the query sections, a 'multi_q' one the same
+  twin with the partial sections (whose orders are drawn after everything else) added.
   """
-  b, k, level_len = len(indices), NUM_KEYS, _level_len(encoding)
-  u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1)
+  b, k, starts = len(indices), NUM_KEYS, _level_starts(hops, encoding)
+  extra = k * hops * hops if encoding == 'multi_q' else 0
+  u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1 + extra)
   base_values = np.floor(u[:, :k] * NUM_VALUES).astype(np.int64)          # [B, 8]
   # Argsort of i.i.d. uniforms is a uniformly random permutation (ties have probability ~2^-53).
   perms = np.argsort(u[:, k:k * hops].reshape(b, hops - 1, k), axis=-1)   # level L>=1 -> L-1
   table_order = np.argsort(u[:, k * hops:2 * k * hops].reshape(b, hops, k), axis=-1)
   query_order = np.argsort(u[:, 2 * k * hops:3 * k * hops].reshape(b, hops, k), axis=-1)
-  final_key = np.floor(u[:, -1] * k).astype(np.int64)
+  final_key = np.floor(u[:, 3 * k * hops] * k).astype(np.int64)
+  # partial_order[:, lvl, j]: the key order of level lvl's j-hop section ('multi_q' only).
+  partial_order = np.argsort(u[:, 3 * k * hops + 1:].reshape(b, hops, hops, k), axis=-1) \
+      if extra else None
 
   resolved = [base_values]  # resolved[L][b, key] = base value reached from key of level L
   for lvl in range(1, hops):
@@ -204,7 +229,7 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
   tokens = np.empty((b, seq_len(hops, encoding)), np.int32)
   targets = np.full((b, seq_len(hops, encoding)), IGNORE, np.int32)
   for lvl in range(hops):
-    start = level_len * lvl
+    start = starts[lvl]
     keys = table_order[:, lvl]
     if lvl == 0:
       pointed = value_token(hops, np.take_along_axis(base_values, keys, axis=1))
@@ -225,16 +250,29 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
       continue
 
     start += TABLE_LEN
+    for hop in range(1, _query_sections(lvl, encoding)):  # 'multi_q': j-hop partial sections
+      keys = partial_order[:, lvl, hop]
+      reached = keys
+      for below in range(lvl, lvl - hop, -1):  # one hop: a level-`below` key to level below-1
+        reached = np.take_along_axis(perms[:, below - 1], reached, axis=1)
+      _query_section(tokens, targets, start, key_token(lvl, keys), key_token(lvl - hop, reached))
+      start += QUERY_LEN
     keys = query_order[:, lvl]
-    pairs = tokens[:, start:start + 2 * k].reshape(b, k, 2)
-    pairs[..., 0], pairs[..., 1] = QUERY, key_token(lvl, keys)
-    targets[:, start + 1:start + 2 * k:2] = value_token(
-        hops, np.take_along_axis(resolved[lvl], keys, axis=1))
-    tokens[:, start + 2 * k] = SEP
+    _query_section(tokens, targets, start, key_token(lvl, keys),
+                   value_token(hops, np.take_along_axis(resolved[lvl], keys, axis=1)))
 
   tokens[:, -2], tokens[:, -1] = QUERY, key_token(hops - 1, final_key)
   targets[:, -1] = value_token(hops, np.take_along_axis(resolved[-1], final_key[:, None], 1)[:, 0])
   return tokens, targets
+
+
+def _query_section(tokens, targets, start, keys, answers):
+  """`QUERY key` for each of `keys` [B, 8] at `start`, `answers` [B, 8] as targets, then '|'."""
+  b, k = keys.shape
+  pairs = tokens[:, start:start + 2 * k].reshape(b, k, 2)
+  pairs[..., 0], pairs[..., 1] = QUERY, keys
+  targets[:, start + 1:start + 2 * k:2] = answers
+  tokens[:, start + 2 * k] = SEP
 
 
 def sample(hops: int, seed: int, index: int = 0, entry_targets: bool = False,
@@ -329,26 +367,29 @@ def format_example(tokens, targets, encoding: str = DEFAULT_ENCODING) -> str:
   """Tables, query sections (if any) and the final query of one example, with each key's
   target."""
   tokens, targets = np.asarray(tokens), np.asarray(targets)
-  level_len = _level_len(encoding)
-  hops, rest = divmod(len(tokens) - 2, level_len)
-  if tokens.ndim != 1 or rest or hops < 1 or targets.shape != tokens.shape:
-    raise ValueError(f'expected one {encoding!r} example of length {level_len} * hops + 2, got '
-                     f'shapes {tokens.shape} and {targets.shape}')
+  check_encoding(encoding)
+  hops = next((h for h in range(1, len(tokens) + 1) if seq_len(h, encoding) >= len(tokens)), 0)
+  if tokens.ndim != 1 or not hops or seq_len(hops, encoding) != len(tokens) or \
+      targets.shape != tokens.shape:
+    raise ValueError(f'expected one {encoding!r} example (length seq_len(hops, {encoding!r})), '
+                     f'got shapes {tokens.shape} and {targets.shape}')
+  starts = _level_starts(hops, encoding)
   name = lambda t: token_name(hops, t)
   resolved = lambda t: f':{name(targets[t])}' if targets[t] >= 0 else ''
   lines = [f'pointer chasing: hops={hops}, T={len(tokens)}, {int(np.sum(targets >= 0))} targets']
   for lvl in range(hops):
-    start = level_len * lvl
+    start = starts[lvl]
     entries = [f'{name(tokens[i])}{resolved(i)}{name(tokens[i + 1])}'
                f'{resolved(i + 1) and resolved(i + 1) + " "}{name(tokens[i + 2])}{resolved(i + 2)}'
                for i in range(start, start + 3 * NUM_KEYS, 3)]
     lines.append(f'L{lvl} table: ' + ' '.join(entries + [name(tokens[start + 3 * NUM_KEYS])]))
-    if encoding == 'tables':
-      continue
-    start += TABLE_LEN
-    queries = [f'?{name(tokens[i + 1])}{resolved(i + 1)}' if tokens[i] == QUERY else
-               f'{name(tokens[i])} {name(tokens[i + 1])}'
-               for i in range(start, start + 2 * NUM_KEYS, 2)]
-    lines.append(f'L{lvl} query: ' + ' '.join(queries + [name(tokens[start + 2 * NUM_KEYS])]))
+    sections = _query_sections(lvl, encoding)
+    for section in range(sections):
+      first = start + TABLE_LEN + QUERY_LEN * section
+      queries = [f'?{name(tokens[i + 1])}{resolved(i + 1)}' if tokens[i] == QUERY else
+                 f'{name(tokens[i])} {name(tokens[i + 1])}'
+                 for i in range(first, first + 2 * NUM_KEYS, 2)]
+      title = f'L{lvl} query:' if section == sections - 1 else f'L{lvl} {section + 1}-hop:'
+      lines.append(f'{title} ' + ' '.join(queries + [name(tokens[first + 2 * NUM_KEYS])]))
   lines.append(f'final:    ?{name(tokens[-1])}{resolved(len(tokens) - 1)}')
   return '\n'.join(lines)

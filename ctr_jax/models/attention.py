@@ -149,7 +149,7 @@ class Attention(nn.Module):
   Query head h reads key/value head h // (H / G), the grouping of Hugging Face's repeat_kv.
   `rope_base` 0 means spec.rope_base; `scale` 0 means Dh^-0.5; `qk_norm` 'gemma' or 'llama'
   normalises each query and key head (RMSNorm over Dh) before the rotation. No rotation at all
-  with spec.positions == 'learned'; 'rope_integer' uses the author's integer angles.
+  with spec.positions 'learned' or 'none'; 'rope_integer' uses the author's integer angles.
   """
   spec: ModelSpec
   use_bias: bool = True
@@ -181,7 +181,7 @@ class Attention(nn.Module):
       gemma_style = self.qk_norm == 'gemma'
       q = RMSNorm(s, offset=gemma_style, axis='head_dim', name='q_norm')(q)
       k = RMSNorm(s, offset=gemma_style, axis='head_dim', name='k_norm')(k)
-    if s.positions != 'learned':
+    if s.positions not in ('learned', 'none'):
       base, integer = self.rope_base or s.rope_base, s.positions == 'rope_integer'
       q = rope(q, positions, base, self.rope_factor, integer)
       k = rope(k, positions, base, self.rope_factor, integer)

@@ -15,7 +15,7 @@ KINDS = ('transformer', 'context_ready')
 CORRECTIONS = ('add', 'token_blind', 'concat', 'none', 'tied')
 INITS = ('torch', 'normal')
 DTYPES = ('float32', 'bfloat16', 'float64', 'float16')
-POSITIONS = ('rope', 'rope_integer', 'learned')
+POSITIONS = ('rope', 'rope_integer', 'learned', 'none')
 ACTIVATIONS = ('', 'gelu', 'gelu_tanh', 'silu', 'relu')
 LAYER_TYPES = ('sliding_attention', 'full_attention')
 KERNEL_LAYOUTS = ('out_in', 'in_out')
@@ -117,6 +117,8 @@ def default_model_config() -> ml_collections.ConfigDict:
   # Fields real checkpoints need (see ctr_jax/hf/); the defaults keep every family as before.
   c.positions = 'rope'        # 'rope' | 'rope_integer' (angle position * j for pair j, as the
                               # author's code) | 'learned' (GPT-2's position table, max_len rows)
+                              # | 'none' (no position signal but the causal mask: the author's
+                              # no-RoPE option for pointer chasing)
   c.activation = ''           # '' = family default: gpt 'gelu' (erf), gemma 'gelu_tanh',
                               # llama/moe 'silu', falcon 'gelu'; or 'relu'
   c.layer_types = ()          # per layer 'sliding_attention' | 'full_attention' (Gemma 3);

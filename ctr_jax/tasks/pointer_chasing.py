@@ -30,13 +30,25 @@ DEFAULT_NUM_EXAMPLES = 1024
 PASS_THRESHOLD = 0.9
 
 
-def loss_on_targets(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Mean cross-entropy of logits [B, T, V] against the targets [B, T] AT the same positions.
+LOSS_OVER = ('targets', 'all')
 
-  Positions with target < 0 (everything but the key tokens) are ignored. Not a next-token loss:
-  pointer chasing asks for the resolved value of the key being read, so logits[t] meets targets[t].
+
+def loss_on_targets(logits: jax.Array, targets: jax.Array, over: str = 'targets') -> jax.Array:
+  """Cross-entropy of logits [B, T, V] against the targets [B, T] AT the same positions.
+
+  Positions with target < 0 (everything but the key tokens) contribute nothing. Not a next-token
+  loss: pointer chasing asks for the resolved value of the key being read, so logits[t] meets
+  targets[t]. `over`: 'targets' averages over the target positions (the author's ignore-index
+  cross-entropy); 'all' divides the same sum by every position B * T, a constant factor (the
+  share of target positions) smaller, which matters only through gradient clipping and Adam's
+  epsilon.
   """
-  return losses.next_token_loss(logits, targets)[0]
+  mean, count = losses.next_token_loss(logits, targets)
+  if over == 'targets':
+    return mean
+  if over == 'all':
+    return mean * count / targets.size
+  raise ValueError(f"over must be one of {LOSS_OVER}, got {over!r}")
 
 
 def model_predictor(model, params, *, mode: str = 'sequential', k_unroll: int | None = None):
@@ -74,6 +86,7 @@ def evaluate(predict: Callable, hops: int, *, num_examples: int = DEFAULT_NUM_EX
      'final_query_accuracy': float,
      'table_key_accuracy': float,                             # table keys, all levels
      'table_level_accuracy': {'L0': float, ...},              # table keys, per level
+     'position_accuracy': float [T] (NaN off targets),        # for `plateau_profile`
      'num_examples': int}
   """
   if num_examples < 1 or batch_size < 1:
@@ -108,8 +121,42 @@ def evaluate(predict: Callable, hops: int, *, num_examples: int = DEFAULT_NUM_EX
       'table_key_accuracy': accuracy(generator.TABLE_KEY),
       'table_level_accuracy': {f'L{lvl}': accuracy(generator.TABLE_KEY, lvl)
                                for lvl in levels},
+      'position_accuracy': np.where(labels.kind == generator.NONE, np.nan,
+                                    correct / num_examples),
       'num_examples': int(num_examples),
   }
+
+
+_KIND_NAMES = {generator.TABLE_KEY: 'table keys', generator.QUERY_KEY: 'query section',
+               generator.PARTIAL_QUERY: 'partial section', generator.FINAL_QUERY: 'final query'}
+
+
+def plateau_profile(position_accuracy, hops: int,
+                    encoding: str = generator.DEFAULT_ENCODING) -> str:
+  """Where a model stands, position by position: a markdown table with one row per scored
+  section (table keys, partial and full query sections, final query) of each level and one column
+  per slot (entry or query 1..8 in the order written), each cell the accuracy there. A plateau
+  reads as whole rows at 1.0 and whole rows at chance, or as a slot pattern within a row (e.g.
+  only entries late in a table right)."""
+  labels = generator.position_labels(hops, encoding)
+  accuracy = np.asarray(position_accuracy, np.float64)
+  rows = ['| section | level | ' + ' | '.join(f'{i + 1}' for i in range(generator.NUM_KEYS))
+          + ' |', '|---|---|' + '---|' * generator.NUM_KEYS]
+  seen = []
+  for t, (kind, level) in enumerate(zip(labels.kind, labels.level)):
+    if kind in _KIND_NAMES and (kind, level) not in seen:
+      seen.append((kind, level))
+  for kind, level in seen:
+    where = np.nonzero((labels.kind == kind) & (labels.level == level))[0]
+    if kind == generator.PARTIAL_QUERY:  # several partial sections per level: one row each
+      chunks = [where[i:i + generator.NUM_KEYS] for i in range(0, len(where), generator.NUM_KEYS)]
+      names = [f'{_KIND_NAMES[kind]}, {j + 1} hop{"s" * (j > 0)}' for j in range(len(chunks))]
+    else:
+      chunks, names = [where], [_KIND_NAMES[kind]]
+    for name, chunk in zip(names, chunks):
+      cells = ' | '.join(f'{a:.2f}' for a in accuracy[chunk])
+      rows.append(f'| {name} | L{level} | {cells} |')
+  return '\n'.join(rows)
 
 
 def levels_solved(level_accuracy: Mapping[str, float], threshold: float = PASS_THRESHOLD) -> int:
@@ -176,6 +223,9 @@ def validate_config(config) -> None:
   if config.pointer_eval_examples < 1:
     raise ValueError(f'config.pointer_eval_examples: must be >= 1, got '
                      f'{config.pointer_eval_examples}')
+  loss_over = config.data.get('loss_over', 'targets')
+  if loss_over not in LOSS_OVER:
+    raise ValueError(f'config.data.loss_over: got {loss_over!r}, allowed {list(LOSS_OVER)}')
   encoding = encoding_of(config)
   if encoding not in generator.ENCODINGS:
     raise ValueError(f'config.data.encoding: got {encoding!r}, allowed {list(generator.ENCODINGS)}')
@@ -207,11 +257,12 @@ class PointerChasing:
     self.final_examples = config.pointer_eval_examples
     self.batch_size = config.batch_size
     self.recipe = train_step.Recipe.from_config(config.train)
+    self.loss_over = config.data.get('loss_over', 'targets')
 
   def loss(self, model, params, batch, *, k_unroll, rng, deterministic):
     logits, _ = train_step.forward(model, params, batch['tokens'], self.recipe,
                                    k_unroll=k_unroll, rng=rng, deterministic=deterministic)
-    loss = loss_on_targets(logits, batch['targets'])
+    loss = loss_on_targets(logits, batch['targets'], self.loss_over)
     return loss, {'loss': loss}
 
   def evaluate(self, model, params, *, to_global, final: bool) -> dict:
