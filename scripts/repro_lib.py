@@ -34,14 +34,10 @@ class Run:
   overrides: tuple = ()  # (('config.x', value), ...) as --config.x=value flags
   info: tuple = ()      # (('key', value), ...) copied into the record (e.g. the FLOP match)
   init_from: 'Run | None' = None  # a finished run whose checkpoint this one starts from
-  # Another study's run read under this study's row name (same config, trained once): the
-  # group whose workdir it is. Empty: the run's own group.
-  trained_as: str = ''
 
   @property
   def name(self) -> str:
-    group = self.trained_as or self.group
-    return re.sub(r'[^A-Za-z0-9]+', '_', group).strip('_').lower() + f'_s{self.seed}'
+    return re.sub(r'[^A-Za-z0-9]+', '_', self.group).strip('_').lower() + f'_s{self.seed}'
 
   def workdir(self, root: str) -> str:
     return os.path.join(root, self.study, self.name)

@@ -75,8 +75,7 @@ def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
 
 
 def test_runs_with_the_same_config_are_trained_once():
-  # The ablations' `add` row and grad_iterations' m = K row are k_min runs: same argument, same
-  # workdir, so no study trains a duplicate of another's run.
+  # The ablations' `add` row is the k_min run of the same argument and workdir: trained once.
   scale = repro_studies.SCALES['cpu']
   k_min = {r.group: r for r in repro_studies.k_min_runs(scale, 1)}
   ablations = {r.group: r for r in repro_studies.ablation_runs(scale, 1)}
@@ -84,7 +83,6 @@ def test_runs_with_the_same_config_are_trained_once():
   assert add.workdir('R') == k_min['K=5 k_min=2'].workdir('R')
   assert len(ablations) == len(repro_studies.ABLATIONS)
   assert all(r.study == 'ablations' for g, r in ablations.items() if g != repro_studies.ADD_BASELINE)
+  # grad_iterations times its runs against each other: its m = K run is its own.
   grad = {r.group: r for r in repro_studies.grad_iterations_runs(scale, 1)}
-  full = grad['K=5 m=5']
-  assert full.workdir('R') == k_min['K=5 fixed'].workdir('R') and full.arg == k_min['K=5 fixed'].arg
-  assert 'grad_iterations=1' in grad['K=5 m=1'].arg and grad['K=5 m=1'].study == 'grad_iterations'
+  assert all(r.study == 'grad_iterations' for r in grad.values()) and len(grad) == 3
