@@ -8,6 +8,8 @@ JSON file next to the markdown file.
 import json
 import os
 
+from ctr_jax import doc_sections
+
 
 def _fmt(x, digits=3):
   if x is None:
@@ -118,21 +120,8 @@ def markdown(results: dict) -> str:
 
 def write_section(path: str, name: str, section: str) -> None:
   """Replaces (or appends) the `name` section of the markdown file at `path`."""
-  begin, end = f'<!-- bench:{name} -->', f'<!-- /bench:{name} -->'
-  text = ''
-  if os.path.exists(path):
-    with open(path) as f:
-      text = f.read()
-  block = f'{begin}\n{section}{end}'
-  if begin in text and end in text:
-    head, rest = text.split(begin, 1)
-    text = head + block + rest.split(end, 1)[1]
-  else:
-    text = (text.rstrip() + '\n\n' if text else '# Benchmarks\n\n') + block + '\n'
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text)
-  os.replace(tmp, path)
+  doc_sections.replace_between(path, f'<!-- bench:{name} -->', f'<!-- /bench:{name} -->',
+                               section, new_file='# Benchmarks')
 
 
 def write_json(path: str, results: dict) -> None:

@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 
+from ctr_jax import doc_sections
+
 # The paper's Gemma 3 1B (instruction-tuned) agreement, arXiv 2511.17864 v3 section 4 as
 # recorded in shared/reference/implicit_context_updates.md section 8 (paper numbers, not ours).
 PAPER = (('float32', 'direct', '100%'), ('bfloat16', 'direct', '87.5%'),
@@ -274,17 +276,9 @@ def marker(section: str, end: bool = False) -> str:
 
 def replace_section(doc_path: str, section: str, text: str):
   """Writes `text` between the section's markers in `doc_path` (appended if absent)."""
-  with open(doc_path) as f:
-    doc = f.read()
-  begin, end = marker(section), marker(section, end=True)
-  block = (f'{begin}\n<!-- written by scripts/implicit_generation.py from its results json; '
-           f'do not edit by hand -->\n\n{text.rstrip()}\n\n{end}')
-  if begin in doc and end in doc:
-    doc = doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):]
-  else:
-    doc = doc.rstrip() + '\n\n' + block + '\n'
-  with open(doc_path, 'w') as f:
-    f.write(doc)
+  body = ('<!-- written by scripts/implicit_generation.py from its results json; do not edit by '
+          f'hand -->\n\n{text.rstrip()}\n')
+  doc_sections.replace_between(doc_path, marker(section), marker(section, end=True), body)
 
 
 def write_report(results: dict, workdir: str, figures_dir: str = '', *,
