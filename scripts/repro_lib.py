@@ -69,6 +69,11 @@ def _read_json(path: str):
     return json.load(f)
 
 
+def summary_of(workdir: str) -> dict | None:
+  """The workdir's summary.json (written when a run ends), or None."""
+  return _read_json(os.path.join(workdir, 'summary.json'))
+
+
 def finished(run: Run, root: str) -> bool:
   summary = _read_json(os.path.join(run.workdir(root), 'summary.json'))
   config = _read_json(os.path.join(run.workdir(root), 'config.json'))
@@ -114,7 +119,8 @@ def invocations(workdir: str) -> list[dict]:
   return _read_jsonl(os.path.join(workdir, 'invocations.jsonl'))
 
 
-def _metrics_rows(workdir: str) -> list[dict]:
+def metrics_rows(workdir: str) -> list[dict]:
+  """Every row of the workdir's metrics.jsonl (training logs and evaluations), in order."""
   return _read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
 
 
@@ -130,7 +136,7 @@ def collect(run: Run, root: str) -> dict | None:
                                                                       'summary.json'))
   launches = invocations(workdir)
   evals = [{k: r[k] for k in ('step',) + EVAL_KEYS if k in r}
-           for r in _metrics_rows(workdir) if 'val_loss' in r]
+           for r in metrics_rows(workdir) if 'val_loss' in r]
   from ctr_jax import models  # pylint: disable=g-import-not-at-top
   model_cfg = models.model_config(**_model_fields(config['model']))
   return {'study': run.study, 'group': run.group, 'seed': run.seed, 'name': run.name,
@@ -215,18 +221,9 @@ def write_results(study: str, records: list[dict], docs: str, extra: dict | None
 
 def replace_section(study: str, body: str, docs: str, title: str = '# Reproduction') -> str:
   """Writes `body` between the study's markers in docs/reproduction.md, keeping the rest."""
-  path = os.path.join(docs, 'reproduction.md')
-  text = open(path).read() if os.path.exists(path) else f'{title}\n\n'
-  begin, end = BEGIN.format(study), END.format(study)
-  block = f'{begin}\n{body.rstrip()}\n{end}'
-  if begin in text and end in text:
-    head, rest = text.split(begin, 1)
-    text = head + block + rest.split(end, 1)[1]
-  else:
-    text = text.rstrip() + '\n\n' + block + '\n'
-  with open(path, 'w') as f:
-    f.write(text)
-  return path
+  from ctr_jax import doc_sections  # pylint: disable=g-import-not-at-top
+  return doc_sections.replace_between(os.path.join(docs, 'reproduction.md'), BEGIN.format(study),
+                                      END.format(study), body, new_file=title)
 
 
 # ------------------------------------------------------------------------------------------------

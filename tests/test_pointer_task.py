@@ -157,3 +157,34 @@ def test_training_switches_reach_the_model_and_the_task():
   for arg, field in (('loss_over=mean', 'loss_over'), ('positions=alibi', 'positions')):
     with pytest.raises(ValueError, match=field):
       config_lib.validate(small(f'hops=2,model=t1,{arg}'))
+
+
+@pytest.mark.slow
+def test_checks_script_trains_reports_profiles_and_keeps_the_doc(tmp_path):
+  """scripts/pointer_chasing_checks.py on tiny settings: one check trained through the ledger,
+  its row, its plateau profile and its command in the json, the doc's other text kept."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  docs = tmp_path / 'docs'
+  docs.mkdir()
+  (docs / 'pointer_chasing.md').write_text('# Pointer chasing\n\nHand-written.\n')
+  tiny = ('--config.batch_size=4 --config.model.width=32 --config.eval_batches=1 '
+          '--config.pointer_eval_examples=16 --config.log_every=2 --config.checkpoint_every=2')
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT}
+  for _ in range(2):  # the second call trains nothing and writes the same section
+    out = subprocess.run([sys.executable, 'scripts/pointer_chasing_checks.py', '--steps=4',
+                          '--only=no_rope', f'--root={tmp_path}/runs', f'--docs={docs}',
+                          f'--extra={tiny}'], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+  [row] = json.loads((docs / 'pointer_chasing_checks.json').read_text())['runs']
+  assert row['name'] == 'no_rope' and row['against'] == 'baseline' and row['steps'] == 4
+  assert row['command'] == (
+      'python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=2,model=t2,'
+      f'encoding=tables,positions=none,steps=4 --config.eval_every=250 '
+      f'--workdir={tmp_path}/runs/h2_no_rope {tiny}')
+  assert len(row['invocations']) == 1
+  assert '| table keys | L1 |' in row['profile'] and '| final query |' in row['profile']
+  text = (docs / 'pointer_chasing.md').read_text()
+  assert text.startswith('# Pointer chasing\n\nHand-written.\n')
+  assert text.count('## One difference at a time') == 1 and 'Not run yet: baseline' in text
