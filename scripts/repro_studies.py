@@ -532,8 +532,11 @@ def conversion_report(records, scale, figure):
   for other in ('K=5 k_min=2', f'transformer continued {rest} steps'):
     if converted and other in groups:
       c = compare(converted, groups[other], repro_lib.final_ppl)
+      outcome = _OUTCOME[c['verdict']]
+      if c['verdict'] == 'inconclusive':  # still say which way the mean points
+        outcome += f", converted {'lower' if c['delta_mean'] < 0 else 'higher'} on average"
       verdicts.append(f"converted vs {other}: ΔPPL {fmt(c['delta_mean'], c['delta_std'])} "
-                      f"(converted lower: {c['verdict']})")
+                      f"({outcome})")
   return lines, verdicts
 
 
