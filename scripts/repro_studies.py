@@ -291,6 +291,17 @@ def _simple_table(records, baseline: str | None, header: str):
 _OUTCOME = {'holds': 'lower', 'does not hold': 'higher', 'inconclusive': 'inconclusive'}
 
 
+def outcome_words(c: dict, what: str = '') -> str:
+  """`compare`'s verdict in words, saying which way the mean points when it is inconclusive and
+  that a single seed cannot be judged (so a large one-seed gap never reads as 'no loss')."""
+  if c['verdict'] != 'inconclusive':
+    return _OUTCOME[c['verdict']]
+  side = f"{what + ' ' if what else ''}{'lower' if c['delta_mean'] < 0 else 'higher'}"
+  if c['n'] < 2:
+    return f'one seed, not judged; {side} on it'
+  return f'inconclusive, {side} on average'
+
+
 def k_min_report(records, scale, figure):
   del scale, figure
   lines, _ = _simple_table(records, 'K=5 fixed', 'training K')
@@ -532,11 +543,8 @@ def conversion_report(records, scale, figure):
   for other in ('K=5 k_min=2', f'transformer continued {rest} steps'):
     if converted and other in groups:
       c = compare(converted, groups[other], repro_lib.final_ppl)
-      outcome = _OUTCOME[c['verdict']]
-      if c['verdict'] == 'inconclusive':  # still say which way the mean points
-        outcome += f", converted {'lower' if c['delta_mean'] < 0 else 'higher'} on average"
       verdicts.append(f"converted vs {other}: ΔPPL {fmt(c['delta_mean'], c['delta_std'])} "
-                      f"({outcome})")
+                      f"({outcome_words(c, 'converted')})")
   return lines, verdicts
 
 
@@ -575,11 +583,12 @@ def grad_iterations_report(records, scale, figure):
            f'{speed / full_speed:.2f}x |')
     if m != 5 and full:
       c = compare(rs, full, repro_lib.final_ppl)
-      row += f" {fmt(c['delta_mean'], c['delta_std'])} ({_OUTCOME[c['verdict']]}) |"
-      worse = c['verdict'] == 'does not hold'
+      row += f" {fmt(c['delta_mean'], c['delta_std'])} ({outcome_words(c)}) |"
+      judged = {'does not hold': 'measurably worse', 'holds': 'measurably better',
+                'inconclusive': 'no measurable loss'}[c['verdict']] if c['n'] > 1 else (
+                    outcome_words(c, 'PPL'))
       verdicts.append(f"m = {m}: {speed / full_speed:.2f}x the throughput of full "
-                      f"backpropagation, ΔPPL {fmt(c['delta_mean'], c['delta_std'])} "
-                      f"({'measurably worse' if worse else 'no measurable loss' if c['verdict'] == 'inconclusive' else 'better'})")
+                      f"backpropagation, ΔPPL {fmt(c['delta_mean'], c['delta_std'])} ({judged})")
     else:
       row += ' |'
     lines.append(row)

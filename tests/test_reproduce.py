@@ -86,3 +86,14 @@ def test_runs_with_the_same_config_are_trained_once():
   # grad_iterations times its runs against each other: its m = K run is its own.
   grad = {r.group: r for r in repro_studies.grad_iterations_runs(scale, 1)}
   assert all(r.study == 'grad_iterations' for r in grad.values()) and len(grad) == 3
+
+
+def test_one_seed_gaps_are_never_worded_as_no_difference():
+  a = [_record('a', 0, 47.4)]
+  b = [_record('b', 0, 31.2)]
+  c = repro_lib.compare(a, b, repro_lib.final_ppl)
+  assert repro_studies.outcome_words(c) == 'one seed, not judged; higher on it'
+  two = repro_lib.compare([_record('a', s, p) for s, p in enumerate([31.0, 33.5])],
+                          [_record('b', s, p) for s, p in enumerate([32.0, 32.0])],
+                          repro_lib.final_ppl)  # deltas -1, +1.5: within two sigma
+  assert repro_studies.outcome_words(two, 'converted') == 'inconclusive, converted higher on average'
