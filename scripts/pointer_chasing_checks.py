@@ -118,11 +118,19 @@ def record(check: Check, root: str) -> dict | None:
   if not summary or 'level_accuracy' not in summary:
     return None
   from ctr_jax.tasks import pointer_chasing as task  # pylint: disable=g-import-not-at-top
-  model, params, config = repro_lib.load_trained(path)
+  config = repro_lib.load_config(path)
   encoding = config['data']['encoding']
-  mode = 'sequential' if config['model']['kind'] == 'context_ready' else 'parallel'
-  result = task.evaluate(task.model_predictor(model, params, mode=mode), HOPS,
-                         num_examples=summary.get('eval_examples', 1024), encoding=encoding)
+
+  def profile():
+    model, params, _ = repro_lib.load_trained(path)
+    mode = 'sequential' if config['model']['kind'] == 'context_ready' else 'parallel'
+    result = task.evaluate(task.model_predictor(model, params, mode=mode), HOPS,
+                           num_examples=summary.get('eval_examples', 1024), encoding=encoding)
+    return task.plateau_profile(result['position_accuracy'], HOPS, encoding)
+
+  # The final model's profile, evaluated once per trained step count (a resume re-evaluates).
+  profile_text = repro_lib.cached(os.path.join(path, f"plateau_profile_{summary['step']}.json"),
+                                  profile)
   evals = [r for r in repro_lib.metrics_rows(path)
            if any(k.startswith('level_accuracy/') for k in r)]
   launches = repro_lib.invocations(path)
@@ -134,7 +142,7 @@ def record(check: Check, root: str) -> dict | None:
           'levels_solved': summary['levels_solved'], 'train_loss': summary.get('train_loss'),
           'wall_time_seconds': summary.get('wall_time_seconds'),
           'first_pass_step': {l: _first_pass(evals, l) for l in summary['level_accuracy']},
-          'profile': task.plateau_profile(result['position_accuracy'], HOPS, encoding),
+          'profile': profile_text,
           'command': launches[-1]['command'] if launches else None, 'invocations': launches}
 
 

@@ -231,11 +231,16 @@ def replace_section(study: str, body: str, docs: str, title: str = '# Reproducti
 # ------------------------------------------------------------------------------------------------
 
 
+def load_config(workdir: str) -> dict:
+  """The run's config.json as a dict."""
+  return _read_json(os.path.join(workdir, 'config.json'))
+
+
 def load_trained(workdir: str):
   """(model, params, config dict) of the latest checkpoint in `workdir`."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from ctr_jax import models  # pylint: disable=g-import-not-at-top
-  config = _read_json(os.path.join(workdir, 'config.json'))
+  config = load_config(workdir)
   model = models.build(models.model_config(**_model_fields(config['model'])))
   path = os.path.join(os.path.abspath(workdir), 'checkpoints')
   mngr = ocp.CheckpointManager(path, item_names=('state', 'data_iter', 'meta'))
