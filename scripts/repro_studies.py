@@ -361,9 +361,10 @@ def width_report(records, scale, figure):
     b = mean_std(repro_lib.final_ppl(r) for r in groups[base])
     a = mean_std(repro_lib.final_ppl(r) for r in groups[crt])
     c = compare(groups[crt], groups[base], repro_lib.final_ppl)
+    words = outcome_words(c, 'D = 2 PPL')
     lines.append(f'| {name} | {fmt(*b)} | {fmt(*a)} | {100 * (b[0] - a[0]) / b[0]:.1f}% | '
-                 f"{c['verdict']} |")
-    verdicts.append(f"{name}: {100 * (b[0] - a[0]) / b[0]:.1f}% ({c['verdict']})")
+                 f'{words} |')
+    verdicts.append(f'{name}: {100 * (b[0] - a[0]) / b[0]:.1f}% ({words})')
   return lines, verdicts
 
 

@@ -4,11 +4,15 @@ a time (medians after warm-up; the tables in docs/benchmarks.md).
   python scripts/speed_ablation.py            # training step
   python scripts/speed_ablation.py --decode   # greedy decode, ms per token at batch 1 and 8
 
-Training rows: the current code; [in, out] dense kernels (the previous layout); attention by
-autodiff of the plain einsum formula (the previous kernel); exact-erf GELU instead of GPT-2's tanh
-form; XLA:CPU without YNNPACK dot fusions. Decode rows: the current code; [in, out] kernels;
-three query/key/value products per layer instead of the one `attention.fuse_qkv` prepares.
-Each row runs in a fresh process, so XLA flags and monkeypatches do not leak between rows.
+Training rows: the current code; [in, out] dense kernels (the previous layout); the previous
+hand-written attention kernel (5-D [B, G, R, T, Dh] grouped einsums, manual softmax); attention by
+autodiff of the plain einsum formula (the kernel before that); causal query blocks
+(`attention_blocks=4`); exact-erf GELU instead of GPT-2's tanh form; XLA:CPU without YNNPACK dot
+fusions. The training rows share one process and are timed in turn, one step of each per round
+(paired: this machine drifts by 10-15% over minutes), except the XLA-flag row, which needs its
+own process and is timed beside a fresh 'current code' row. Decode rows: the current code;
+[in, out] kernels; three query/key/value products per layer instead of the one
+`attention.fuse_qkv` prepares; each in a fresh process.
 """
 
 import os
@@ -41,6 +45,56 @@ def autodiff_attention(q, k, v, mask, scale):
   return jnp.einsum('bgrqk,bkgd->bqgrd', weights, v).reshape(b, tq, h, dh)
 
 
+def grouped_5d_attention(q, k, v, mask, scale, causal_blocks=1):
+  """The previous hand-written kernel: 5-D grouped einsums, manual softmax, same backward."""
+  del causal_blocks
+  b, tq, h, dh = q.shape
+  g = k.shape[2]
+  mask = jnp.broadcast_to(mask if mask.ndim == 3 else mask[None], (b,) + mask.shape[-2:])
+  q = jnp.moveaxis(q.reshape(b, tq, g, h // g, dh), 1, 3)
+  k, v = jnp.moveaxis(k, 1, 2), jnp.moveaxis(v, 1, 2)
+
+  @jax.custom_vjp
+  def core(q, k, v):
+    return forward(q, k, v)[0]
+
+  def forward(q, k, v):
+    logits = jnp.einsum('bgrqd,bgkd->bgrqk', q, k) * scale
+    logits = jnp.where(mask[:, None, None], logits, jnp.finfo(logits.dtype).min)
+    e = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    p = e * (1.0 / jnp.sum(e, axis=-1, keepdims=True))
+    out = jnp.einsum('bgrqk,bgkd->bgrqd', p, v)
+    return out, (q, k, v, p, out)
+
+  def backward(res, d_out):
+    q, k, v, p, out = res
+    dv = jnp.einsum('bgrqk,bgrqd->bgkd', p, d_out)
+    dp = jnp.einsum('bgrqd,bgkd->bgrqk', d_out, v)
+    dl = p * (dp - jnp.sum(d_out * out, axis=-1, keepdims=True)) * scale
+    return (jnp.einsum('bgrqk,bgkd->bgrqd', dl, k), jnp.einsum('bgrqk,bgrqd->bgkd', dl, q), dv)
+
+  core.defvjp(forward, backward)
+  return jnp.moveaxis(core(q, k, v), 3, 1).reshape(b, tq, h, dh)
+
+
+def paired_step_ms(rows, rounds=7) -> dict:
+  """{row: median step ms}, every row's step traced under its own patch, then timed in turn."""
+  from ctr_jax.bench import timing  # pylint: disable=g-import-not-at-top
+  runners = {}
+  for row in rows:
+    original = attention.dot_product_attention
+    attention.dot_product_attention = PATCHES.get(row, original)
+    try:
+      run = suite.train_step_runner(base.peer_shape(**OVERRIDES.get(row, {})), seq_len=256,
+                                    batch=8, k_unroll=0)[0]
+      jax.block_until_ready(run())  # traced and compiled under the patch
+    finally:
+      attention.dot_product_attention = original
+    runners[row] = run
+  times = timing.interleaved_seconds(runners, warmup=1, repeats=rounds)
+  return {row: 1e3 * sorted(t)[len(t) // 2] for row, t in times.items()}
+
+
 def step_ms(**model_overrides) -> float:
   return suite.train_throughput(base.peer_shape(**model_overrides), seq_len=256, batch=8,
                                 k_unroll=0, warmup=2, repeats=5)['step_ms']
@@ -51,12 +105,16 @@ def decode_ms(batch: int, **model_overrides) -> float:
                               new_tokens=64, warmup=2, repeats=5)['ms_per_token']
 
 
-OVERRIDES = {'in_out': {'kernel_layout': 'in_out'}, 'exact_gelu': {'activation': 'gelu'}}
+OVERRIDES = {'in_out': {'kernel_layout': 'in_out'}, 'exact_gelu': {'activation': 'gelu'},
+             'causal_blocks': {'attention_blocks': 4}}
+PATCHES = {'autodiff_attention': lambda q, k, v, mask, scale, causal_blocks=1:
+           autodiff_attention(q, k, v, mask, scale),
+           'grouped_5d': grouped_5d_attention}
 
 
 def child(what: str, row: str):
-  if row == 'autodiff_attention':
-    attention.dot_product_attention = autodiff_attention
+  if row in PATCHES:
+    attention.dot_product_attention = PATCHES[row]
   if row == 'unfused_qkv':
     attention.fuse_qkv = lambda variables: variables
   overrides = OVERRIDES.get(row, {})
@@ -85,16 +143,27 @@ def main():
       b1, b8 = run_row('decode', row)
       print(f'| {label} | {b1:.2f} | {b8:.2f} |', flush=True)
     return
-  rows = [('current code', 'current', ''),
-          ('[in, out] kernels (previous layout)', 'in_out', ''),
-          ('attention by autodiff (previous kernel)', 'autodiff_attention', ''),
-          ('exact-erf GELU', 'exact_gelu', ''),
-          ('no YNNPACK dot fusions', 'current', '--xla_cpu_experimental_ynn_fusion_type=')]
+  rows = [('current code', 'current'), ('[in, out] kernels (previous layout)', 'in_out'),
+          ('5-D grouped attention kernel (previous)', 'grouped_5d'),
+          ('attention by autodiff (the kernel before)', 'autodiff_attention'),
+          ('causal query blocks (`attention_blocks=4`)', 'causal_blocks'),
+          ('exact-erf GELU', 'exact_gelu')]
+  if sys.argv[1:2] == ['--paired_child']:
+    for row, ms in paired_step_ms([r for _, r in rows]).items():
+      print(f'{row} {ms:.1f}')
+    return
+  out = subprocess.run([sys.executable, __file__, '--paired_child'], capture_output=True,
+                       text=True, check=True).stdout.split('\n')
+  paired = dict(line.split() for line in out if line.strip() and len(line.split()) == 2)
   print('| variant of t6_c512 (peer shape), T = 256, B = 8 | step ms | tokens/s |')
   print('|---|---|---|')
-  for label, row, xla_flags in rows:
-    (ms,) = run_row('train', row, xla_flags)
+  for label, row in rows:
+    ms = float(paired[row])
     print(f'| {label} | {ms:.0f} | {8 * 256 / ms * 1e3:.0f} |', flush=True)
+  (current,) = run_row('train', 'current')
+  (no_ynn,) = run_row('train', 'current', '--xla_cpu_experimental_ynn_fusion_type=')
+  print(f'| no YNNPACK dot fusions (own process; current code there: {current:.0f} ms) | '
+        f'{no_ynn:.0f} | {8 * 256 / no_ynn * 1e3:.0f} |', flush=True)
 
 
 if __name__ == '__main__':

@@ -94,3 +94,98 @@ def test_bad_chunked_bench_fields_name_themselves():
   config.chunked.sizes = ('x5_c12',)
   with pytest.raises(ValueError, match='not a size name'):
     runner.validate(config)
+
+
+def test_peer_comparisons_are_paired_and_judged(monkeypatch):
+  """With a (fake) peer installed, the training and `generate` comparisons come from rounds that
+  run both sides in turn, and the report prints one verdict per goal."""
+  from configs.bench import tiny  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import peer, report, runner, timing  # pylint: disable=g-import-not-at-top
+  calls = []
+
+  def fake_step():
+    calls.append('peer_step')
+
+  def fake_generate_runner(**kw):
+    assert kw['batch'] == 1 and kw['prompt_len'] == 4
+    return lambda n: calls.append(('peer_generate', n))
+
+  monkeypatch.setattr(peer, 'available', lambda: '')
+  monkeypatch.setattr(peer, 'label', lambda: 'fake peer')
+  monkeypatch.setattr(peer, 'train_step_fn', lambda **kw: fake_step)
+  monkeypatch.setattr(peer, 'generate_runner', fake_generate_runner)
+  config = tiny.get_config()
+  config.sections = 'train,generate'
+  config.train = config.train[:1]
+  config.peer.enabled = True
+  config.peer.rounds = 3
+  results = runner.run(config, log=lambda *_: None)
+  ours, theirs = results['train']
+  assert theirs['label'] == 'fake peer' and theirs['rounds'] == 3
+  assert ours['vs_peer'] > 0 and ours['paired_step_ms'] > 0
+  # warm-up + 3 rounds, one peer step each
+  assert calls.count('peer_step') == config.warmup + 3
+  [generate] = results['generate']
+  assert generate['vs_peer_whole'] > 0 and generate['rounds'] == 3
+  assert calls.count(('peer_generate', 4)) == calls.count(('peer_generate', 1)) == 4
+  text = report.markdown(results)
+  assert "- Training at the peer's shape: **" in text
+  assert '- `generate`, whole calls, B = 1: **' in text
+  assert timing.median_ratio([2.0, 3.0, 9.0], [1.0, 1.0, 1.0]) == 3.0
+
+
+def test_verdict_lines_say_met_or_by_how_much_not():
+  from ctr_jax.bench import report  # pylint: disable=g-import-not-at-top
+  results = {'goals': {'train_vs_peer': 1.05, 'chunked_vs_scan': 3.0, 'chunked_size': 'd5'},
+             'train': [{'label': 't6', 'vs_peer': 0.84}],
+             'chunked': [{'label': 'd5', 'weights': 'random', 'rows': [
+                 {'speedup': 3.3, 'exact_bound': True, 'tolerance': 0.0, 'chunk': 8,
+                  'passes': 8, 'max_abs_logit_diff': 1e-6}]}]}
+  lines = report.verdicts(results)
+  assert "- Training at the peer's shape: **not met** (0.84× against ≥ 1.05×, 20% short)." in lines
+  assert ('- Chunked prefill, d5 (random weights), fastest row within max |Δlogit| 0.001 of the '
+          'scan: **met** (3.30× against ≥ 3×) (chunk 8, 8 passes, max |Δlogit| 1.0e-06).' in lines)
+  results['chunked'][0]['rows'][0]['max_abs_logit_diff'] = 0.5
+  assert any(line.endswith('**not measured** (no row within max |Δlogit| 0.001).') or
+             'not measured (no row within max |Δlogit| 0.001)' in line
+             for line in report.verdicts(results))
+
+
+@pytest.mark.slow
+def test_results_record_the_command_with_its_overrides(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  out = tmp_path / 'b.md'
+  subprocess.run([sys.executable, '-m', 'ctr_jax.bench', '--config=configs/bench/tiny.py',
+                  '--config.sections=prefill', '--config.prefill.prompt_len=6', f'--output={out}'],
+                 cwd=ROOT, capture_output=True, text=True, check=True)
+  command = json.loads((tmp_path / 'b_tiny.json').read_text())['command']
+  assert command == ('python -m ctr_jax.bench --config=configs/bench/tiny.py '
+                     f'--config.sections=prefill --config.prefill.prompt_len=6 --output={out}')
+  assert f'Command: `{command}`' in out.read_text()
+
+
+def test_training_profile_puts_the_step_in_its_categories():
+  """scripts/profile_training.py's JAX side on a toy model: the forward and backward dense
+  products, the attention products and the optimizer each get time; almost nothing is 'other'."""
+  sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+  import profile_training  # pylint: disable=g-import-not-at-top
+  from configs.bench import base  # pylint: disable=g-import-not-at-top
+  fields = base.peer_shape(width=32, depth=2, num_heads=2, vocab_size=64)
+  wall_ms, totals, ops = profile_training.profile_jax(fields, seq_len=16, batch=2, steps=2)
+  assert wall_ms > 0 and ops
+  for category in ('dense matmuls, forward', 'dense matmuls, backward', 'attention matmuls',
+                   'optimizer (AdamW, clipping, norms)', 'LayerNorm'):
+    assert totals[category] > 0, category
+  assert set(totals) <= set(profile_training.CATEGORIES)
+  assert totals['other'] <= 0.05 * sum(totals.values())
+
+
+def test_truncated_backpropagation_counts_only_its_backward_flops():
+  from ctr_jax.bench import suite  # pylint: disable=g-import-not-at-top
+  spec = suite.model_config({'kind': 'context_ready', 'depth': 2, 'width': 64, 'num_heads': 2,
+                             'vocab_size': 128, 'max_len': 64})
+  full = suite.training_flops_per_token(spec, 32, 4)
+  assert suite.training_flops_per_token(spec, 32, 4, grad_iterations=4) == full
+  head = 3 * 2 * 128 * 64
+  one = suite.training_flops_per_token(spec, 32, 4, grad_iterations=1)
+  assert abs((one - head) / (full - head) - (4 + 2) / (3 * 4)) < 1e-12

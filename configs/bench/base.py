@@ -28,6 +28,10 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
   c.name = name
   c.command = command
   c.output = ''
+  # Issue 20's goals; the report prints one met / not met line for each goal it measured.
+  c.goals = ml_collections.ConfigDict({'train_vs_peer': 1.05, 'generate_vs_peer': 3.0,
+                                       'chunked_vs_scan': 3.0, 'chunked_size': 'd5_c1120',
+                                       'chunked_max_logit_diff': 1e-3})
   c.sections = 'train,decode,generate,prefill,scaling'
   c.dtype = 'float32'
   c.warmup = 2
@@ -37,7 +41,7 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
   c.train = []
   c.peer = ml_collections.ConfigDict({
       'enabled': True, 'width': 512, 'depth': 6, 'heads': 8, 'vocab': 4096, 'seq_len': 256,
-      'batch': 8, 'matched_label': 't6_c512 (peer shape)'})
+      'batch': 8, 'matched_label': 't6_c512 (peer shape)', 'rounds': 7})
   c.decode = ml_collections.ConfigDict({
       'pairs': PAPER_PAIRS, 'batches': [1, 8], 'prompt_len': 16, 'new_tokens': 64,
       'vocab_size': 32000, 'paper_ms': PAPER_DECODE_MS, 'matched_model': peer_shape()})

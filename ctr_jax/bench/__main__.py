@@ -5,6 +5,7 @@ section of that markdown file and the raw numbers to <output stem>_<name>.json.
 """
 
 import os
+import shlex
 import sys
 
 from absl import app
@@ -26,6 +27,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   from ctr_jax.bench import report, runner  # pylint: disable=g-import-not-at-top
   config = FLAGS.config
+  # The results record the command as typed, overrides included, not the config's own line.
+  config.command = ' '.join(['python -m ctr_jax.bench', *map(shlex.quote, sys.argv[1:])])
   output = config.output if FLAGS.output is None else FLAGS.output
   try:
     runner.validate(config)

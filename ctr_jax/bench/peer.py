@@ -18,6 +18,11 @@ def available() -> str:
   return ''
 
 
+def label() -> str:
+  import torch  # pylint: disable=g-import-not-at-top
+  return f'HF GPT-2, torch {torch.__version__} ({torch.get_num_threads()} threads)'
+
+
 def _model(width: int, depth: int, heads: int, vocab: int, max_len: int):
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import GPT2Config, GPT2LMHeadModel  # pylint: disable=g-import-not-at-top
@@ -28,8 +33,9 @@ def _model(width: int, depth: int, heads: int, vocab: int, max_len: int):
   return GPT2LMHeadModel(config)
 
 
-def train_throughput(*, width: int, depth: int, heads: int, vocab: int, seq_len: int, batch: int,
-                     warmup: int, repeats: int) -> dict:
+def train_step_fn(*, width: int, depth: int, heads: int, vocab: int, seq_len: int, batch: int):
+  """One AdamW training step of the peer (forward, cross-entropy, backward, clipping), as a
+  closure; the benchmark and `scripts/profile_training.py` time this same step."""
   import torch  # pylint: disable=g-import-not-at-top
   model = _model(width, depth, heads, vocab, max(seq_len, 1024))
   model.train()
@@ -45,9 +51,7 @@ def train_throughput(*, width: int, depth: int, heads: int, vocab: int, seq_len:
     opt.step()
     opt.zero_grad(set_to_none=True)
 
-  seconds = timing.median_seconds(step, warmup=warmup, repeats=repeats)
-  return {'step_ms': 1e3 * seconds, 'tokens_per_second': batch * seq_len / seconds,
-          'threads': torch.get_num_threads(), 'torch': torch.__version__}
+  return step
 
 
 def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int, prompt_len: int,
@@ -68,12 +72,11 @@ def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int
   return {'ms_per_token': 1e3 * seconds}
 
 
-def generate_call(*, width: int, depth: int, heads: int, vocab: int, batch: int, prompt_len: int,
-                  new_tokens: int, warmup: int, repeats: int) -> dict:
-  """`model.generate` timed as users call it (whole calls, greedy, KV cache), and its marginal
-  ms per token from differencing `new_tokens` and 1 new tokens."""
+def generate_runner(*, width: int, depth: int, heads: int, vocab: int, batch: int,
+                    prompt_len: int, max_len: int):
+  """`call(n)`: `model.generate` of n greedy tokens (KV cache) after a random prompt."""
   import torch  # pylint: disable=g-import-not-at-top
-  model = _model(width, depth, heads, vocab, max(prompt_len + new_tokens + 1, 1024))
+  model = _model(width, depth, heads, vocab, max(max_len, 1024))
   model.eval()
   prompt = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
   mask = torch.ones_like(prompt)
@@ -83,7 +86,4 @@ def generate_call(*, width: int, depth: int, heads: int, vocab: int, batch: int,
       return model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                             do_sample=False, use_cache=True, pad_token_id=0)
 
-  whole = timing.median_seconds(lambda: call(new_tokens), warmup=warmup, repeats=repeats)
-  marginal = timing.per_item_seconds(call, 1, new_tokens, warmup=warmup, repeats=repeats)
-  return {'whole_call_ms': 1e3 * whole, 'marginal_ms_per_token': 1e3 * marginal,
-          'overhead_ms': 1e3 * (whole - new_tokens * marginal)}
+  return call

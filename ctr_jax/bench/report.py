@@ -47,6 +47,11 @@ def markdown(results: dict) -> str:
             for t in r['train']]
     out += _table(['model', 'K', 'm', 'T', 'B', 'params', 'step ms', 'tokens/s', 'MFU',
                    'vs peer'], rows)
+    peer_row = next((t for t in r['train'] if t.get('rounds')), None)
+    if peer_row:
+      out += [f"vs peer: the peer's step time ÷ ours, median over {peer_row['rounds']} rounds "
+              'that run one step of each in turn (paired, so slow drifts of the machine fall on '
+              'both); the peer row is timed in those rounds.', '']
   if r.get('decode'):
     out += ['#### Decode (ms per generated position, greedy, KV cache)', '']
     rows = [[d['label'], d['batch'], d['params'], d['ms_per_token'], d['roofline_ms'],
@@ -67,7 +72,9 @@ def markdown(results: dict) -> str:
     out += ['#### `decode.generate` as users call it (whole calls vs marginal per token)', '',
             f"{g[0]['label']}, {g[0]['prompt_len']}-token prompt, {g[0]['new_tokens']} new tokens, "
             'greedy; whole calls include the prefill and every per-call cost, the marginal '
-            'figure is (t(n) - t(1)) / (n - 1) of the same call.', '']
+            'figure is (t(n) - t(1)) / (n - 1) of the same call. Each round runs every call once '
+            f"(ours and the peer's, n and 1 tokens), {g[0].get('rounds', r['repeats'])} rounds; "
+            "'peer ÷ ours (whole)' is the median of the rounds' ratios.", '']
     ratio = lambda x: f'{x:.2f}×' if x else '–'
     rows = [[x['batch'], x['whole_call_ms'], x['marginal_ms_per_token'], x['overhead_ms'],
              x['peer']['whole_call_ms'] if 'peer' in x else '–',
@@ -115,7 +122,47 @@ def markdown(results: dict) -> str:
       out += _table(['context', *map(str, d['by_context'])],
                     [['ms/token', *d['by_context'].values()]])
       out += [f"Measured exponent: decode ms/token ∝ context^{d['exponent']:.2f}.", '']
+  out += verdicts(r)
   return '\n'.join(out).rstrip() + '\n'
+
+
+def _met(value, goal) -> str:
+  if value is None:
+    return 'not measured'
+  return (f'**met** ({value:.2f}× against ≥ {goal:g}×)' if value >= goal
+          else f'**not met** ({value:.2f}× against ≥ {goal:g}×, {100 * (1 - value / goal):.0f}% '
+               'short)')
+
+
+def verdicts(r: dict) -> list[str]:
+  """One line per goal of the config's `goals` that this run measured."""
+  goals = r.get('goals') or {}
+  lines = []
+  if 'train_vs_peer' in goals and r.get('train'):
+    value = next((t['vs_peer'] for t in r['train'] if t.get('vs_peer')), None)
+    lines.append(f"- Training at the peer's shape: {_met(value, goals['train_vs_peer'])}.")
+  if 'generate_vs_peer' in goals and r.get('generate'):
+    for x in r['generate']:
+      lines.append(f"- `generate`, whole calls, B = {x['batch']}: "
+                   f"{_met(x.get('vs_peer_whole'), goals['generate_vs_peer'])}; marginal per "
+                   f"token {x['vs_peer_marginal']:.2f}×." if x.get('vs_peer_marginal') else
+                   f"- `generate`, B = {x['batch']}: not measured (no peer).")
+  if 'chunked_vs_scan' in goals and r.get('chunked'):
+    limit = goals.get('chunked_max_logit_diff', 1e-3)
+    for entry in r['chunked']:
+      if entry['label'] != goals.get('chunked_size') and entry['weights'] != 'trained':
+        continue
+      # "Exact to the tolerance": the rows whose logits are within `limit` of the scan's.
+      exact = [row for row in entry['rows'] if row['max_abs_logit_diff'] <= limit]
+      best = max(exact, key=lambda row: row['speedup']) if exact else None
+      where = (f" (chunk {best['chunk']}, {best['passes']} passes"
+               + (f", tolerance {best['tolerance']:g}" if best['tolerance'] else '')
+               + f", max |Δlogit| {best['max_abs_logit_diff']:.1e})" if best else
+               f' (no row within max |Δlogit| {limit:g})')
+      lines.append(f"- Chunked prefill, {entry['label']} ({entry['weights']} weights), fastest "
+                   f"row within max |Δlogit| {limit:g} of the scan: "
+                   f"{_met(best['speedup'] if best else None, goals['chunked_vs_scan'])}{where}.")
+  return ['#### Goals', '', *lines, ''] if lines else []
 
 
 def write_section(path: str, name: str, section: str) -> None:

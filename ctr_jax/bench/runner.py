@@ -6,8 +6,9 @@ each batch size, and the peer), 'prefill', 'chunked' (chunked prefill against th
 """
 
 import datetime
+import statistics
 
-from ctr_jax.bench import machine, peer, suite
+from ctr_jax.bench import machine, peer, suite, timing
 
 SECTIONS = ('train', 'decode', 'generate', 'prefill', 'chunked', 'scaling')
 DTYPES = ('float32', 'bfloat16')
@@ -78,7 +79,8 @@ def run(config, log=print) -> dict:
   results = {'name': config.name, 'command': config.command, 'machine': info,
              'machine_line': machine.summary_line(info), 'warmup': config.warmup,
              'repeats': config.repeats, 'date': datetime.date.today().isoformat(),
-             'peak_dtype': config.dtype, 'peak_size': config.peak_size, 'notes': []}
+             'peak_dtype': config.dtype, 'peak_size': config.peak_size, 'notes': [],
+             'goals': dict(config.goals)}
   log(f'bench {config.name}: {results["machine_line"]}')
   results['peak_flops'] = machine.matmul_peak(config.dtype, config.peak_size, **reps)
   results['bandwidth'] = machine.memory_bandwidth(config.bandwidth_mb, **reps)
@@ -103,19 +105,7 @@ def run(config, log=print) -> dict:
       log(f"  train {row['label']} K={row['k']} m={row['m'] or 'all'}: {row['tokens_per_second']:.0f} tokens/s, "
           f"MFU {100 * row['mfu']:.1f}%")
     if not peer_missing:
-      p = config.peer
-      row = peer.train_throughput(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
-                                  seq_len=p.seq_len, batch=p.batch, **reps)
-      # The peer does the same matmul work as our matched baseline (same C, N, T, V).
-      matched = next((t for t in results['train'] if t['label'] == p.matched_label), None)
-      flops = matched['flops_per_token'] if matched else None
-      row.update(label=f"HF GPT-2, torch {row['torch']} ({row['threads']} threads)", k=0, m=0,
-                 seq_len=p.seq_len, batch=p.batch, params=None,
-                 mfu=flops * row['tokens_per_second'] / results['peak_flops'] if flops else 0.0)
-      if matched:
-        matched['vs_peer'] = matched['tokens_per_second'] / row['tokens_per_second']
-      results['train'].append(row)
-      log(f"  train peer: {row['tokens_per_second']:.0f} tokens/s")
+      results['train'].append(_paired_training(config, results, reps, log))
 
   if 'decode' in sections:
     d = config.decode
@@ -167,25 +157,8 @@ def run(config, log=print) -> dict:
             + (f", peer ÷ ours {row['vs_peer']:.2f}" if 'vs_peer' in row else ''))
 
   if 'generate' in sections:
-    g = config.generate
-    results['generate'] = []
-    for batch in g.batches:
-      fields = _with_dtype(g.model, config.dtype)
-      shape = dict(batch=batch, prompt_len=g.prompt_len, new_tokens=g.new_tokens)
-      row = suite.generate_call(fields, **shape, **reps)
-      row.update(label=_label(fields), **shape)
-      if not peer_missing:
-        p = config.peer
-        theirs = peer.generate_call(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
-                                    **shape, **reps)
-        row['peer'] = theirs
-        row['vs_peer_whole'] = _ratio(theirs['whole_call_ms'], row['whole_call_ms'])
-        row['vs_peer_marginal'] = _ratio(theirs['marginal_ms_per_token'],
-                                         row['marginal_ms_per_token'])
-      results['generate'].append(row)
-      log(f"  generate B={batch}: whole call {row['whole_call_ms']:.1f} ms, "
-          f"{row['marginal_ms_per_token']:.2f} ms/token marginal"
-          + (f", peer ÷ ours {row['vs_peer_whole']:.2f} (whole)" if 'peer' in row else ''))
+    results['generate'] = [_generate_row(config, batch, peer_missing, reps, log)
+                           for batch in config.generate.batches]
 
   if 'prefill' in sections:
     p = config.prefill
@@ -214,6 +187,74 @@ def run(config, log=print) -> dict:
         f"T^{results['scaling']['train']['t_exponent']:.2f}, "
         f"decode context^{results['scaling']['decode']['exponent']:.2f}")
   return results
+
+
+def _paired_training(config, results, reps, log) -> dict:
+  """The peer's training step, timed in the same rounds as our step of the same shape (the
+  train entry labelled `peer.matched_label`), which gets the paired ratio `vs_peer`."""
+  p = config.peer
+  matched = next((t for t in results['train'] if t['label'] == p.matched_label), None)
+  entry = next((e for e in config.train
+                if (e.get('label') or _label(_with_dtype(e['model'], config.dtype)))
+                == p.matched_label), None)
+  theirs = peer.train_step_fn(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
+                              seq_len=p.seq_len, batch=p.batch)
+  fns = {'peer': theirs}
+  if entry is not None:
+    fns['ours'] = suite.train_step_runner(_with_dtype(entry['model'], config.dtype),
+                                          seq_len=entry['seq_len'], batch=entry['batch'],
+                                          k_unroll=entry.get('k', 0))[0]
+  times = timing.interleaved_seconds(fns, warmup=reps['warmup'],
+                                     repeats=max(reps['repeats'], p.rounds))
+  seconds = statistics.median(times['peer'])
+  row = {'label': peer.label(),
+         'k': 0, 'm': 0, 'seq_len': p.seq_len, 'batch': p.batch, 'params': None,
+         'step_ms': 1e3 * seconds, 'tokens_per_second': p.batch * p.seq_len / seconds,
+         'rounds': len(times['peer'])}
+  row['mfu'] = (matched['flops_per_token'] * row['tokens_per_second'] / results['peak_flops']
+                if matched else 0.0)
+  if matched and 'ours' in times:
+    matched['vs_peer'] = timing.median_ratio(times['peer'], times['ours'])
+    matched['paired_step_ms'] = 1e3 * statistics.median(times['ours'])
+    log(f"  train peer: {row['tokens_per_second']:.0f} tokens/s; ours ÷ peer time, paired over "
+        f"{row['rounds']} rounds: {matched['vs_peer']:.2f}x")
+  return row
+
+
+def _generate_row(config, batch, peer_missing, reps, log) -> dict:
+  """`decode.generate` whole calls (and 1-token calls, for the marginal ms per token), in the
+  same rounds as the peer's `generate` when it is installed."""
+  g = config.generate
+  fields = _with_dtype(g.model, config.dtype)
+  n = g.new_tokens
+  ours, params = suite.generate_runner(fields, batch=batch, prompt_len=g.prompt_len)
+  fns = {'ours': lambda: ours(n), 'ours_1': lambda: ours(1)}
+  if not peer_missing:
+    p = config.peer
+    theirs = peer.generate_runner(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
+                                  batch=batch, prompt_len=g.prompt_len,
+                                  max_len=g.prompt_len + n + 1)
+    fns.update(peer=lambda: theirs(n), peer_1=lambda: theirs(1))
+  times = timing.interleaved_seconds(fns, warmup=reps['warmup'],
+                                     repeats=max(reps['repeats'], config.peer.rounds))
+
+  def summary(side):
+    whole, one = statistics.median(times[side]), statistics.median(times[side + '_1'])
+    marginal = max(whole - one, 0.0) / max(n - 1, 1)
+    return {'whole_call_ms': 1e3 * whole, 'marginal_ms_per_token': 1e3 * marginal,
+            'overhead_ms': 1e3 * (whole - n * marginal)}
+
+  row = {**summary('ours'), 'params': params, 'label': _label(fields), 'batch': batch,
+         'prompt_len': g.prompt_len, 'new_tokens': n, 'rounds': len(times['ours'])}
+  if 'peer' in times:
+    row['peer'] = summary('peer')
+    row['vs_peer_whole'] = timing.median_ratio(times['peer'], times['ours'])
+    row['vs_peer_marginal'] = _ratio(row['peer']['marginal_ms_per_token'],
+                                     row['marginal_ms_per_token'])
+  log(f"  generate B={batch}: whole call {row['whole_call_ms']:.1f} ms, "
+      f"{row['marginal_ms_per_token']:.2f} ms/token marginal"
+      + (f", peer ÷ ours {row['vs_peer_whole']:.2f} (whole)" if 'peer' in row else ''))
+  return row
 
 
 def _chunked_section(config, reps, log) -> list[dict]:

@@ -20,12 +20,15 @@ def model_config(fields: dict):
   return models.model_config(**dict(fields))
 
 
-def training_flops_per_token(spec, seq_len: int, k_unroll: int) -> float:
+def training_flops_per_token(spec, seq_len: int, k_unroll: int,
+                             grad_iterations: int = 0) -> float:
   """Model FLOPs per trained token (forward + backward = 3x forward, no rematerialisation).
 
   Forward per token: 2 x the matmul weights each token passes through, plus causal attention
   counted as 4 T C per layer (scores and weighted sum over all T keys, the usual MFU
-  convention). A context-ready model runs its D-layer unit and its correction K times.
+  convention). A context-ready model runs its D-layer unit and its correction K times forward
+  and backpropagates through the last m of them (`grad_iterations`; 0 = all K): (K + 2m) unit
+  passes, the embedding and head 3 times.
   """
   s = models.spec_of(spec)
   c = s.width
@@ -35,13 +38,16 @@ def training_flops_per_token(spec, seq_len: int, k_unroll: int) -> float:
     return 3 * (s.depth * layer + head)
   inference = models.flops_per_token(s)  # D*12C^2 + correction + V*C (weights only)
   correction = inference - s.depth * (4 * c * c + 2 * c * s.mlp_dim) - s.vocab_size * c
-  return 3 * (k_unroll * (s.depth * layer + 2 * correction) + head)
+  m = grad_iterations if 0 < grad_iterations < k_unroll else k_unroll
+  return (k_unroll + 2 * m) * (s.depth * layer + 2 * correction) + 3 * head
 
 
-def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, warmup: int,
-                     repeats: int, grad_iterations: int = 0) -> dict:
-  """Tokens/s of the trainer's own step (`train_step.make_train_step` with the language-modelling
-  loss, AdamW, clipping and the norm metrics), jitted and donated as the trainer does.
+def train_step_and_state(fields: dict, *, seq_len: int, batch: int, k_unroll: int,
+                         grad_iterations: int = 0):
+  """The trainer's own step (`train_step.make_train_step` with the language-modelling loss,
+  AdamW, clipping and the norm metrics), jitted and donated as the trainer does, with a fresh
+  state and one batch: `(step, state, tokens, cfg, k)`; `step(state, tokens)` returns the next
+  state and the metrics. The benchmark and `scripts/profile_training.py` time this same step.
 
   grad_iterations: backpropagate through the last m of the K iterations only
   (`config.train.grad_iterations`; 0 = all)."""
@@ -59,18 +65,35 @@ def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, w
   step_fn = train_step.make_train_step(model, tx, loss_fn, base_rng=jax.random.key(1),
                                        deterministic=cfg.dropout == 0)
   step = jax.jit(functools.partial(step_fn, k_unroll=k), donate_argnums=0)
-
   tokens = jax.random.randint(jax.random.key(1), (batch, seq_len + 1), 0, cfg.vocab_size)
+  return step, state, tokens, cfg, k
+
+
+def train_step_runner(fields: dict, *, seq_len: int, batch: int, k_unroll: int,
+                      grad_iterations: int = 0):
+  """A zero-argument callable that runs one training step (the state carried inside) and
+  returns its loss, with the model config and K: `(run, cfg, k)`."""
+  step, state, tokens, cfg, k = train_step_and_state(
+      fields, seq_len=seq_len, batch=batch, k_unroll=k_unroll, grad_iterations=grad_iterations)
   holder = [state]
 
   def run():
     holder[0], metrics = step(holder[0], tokens)
     return metrics['loss']
 
+  run.params = lambda: holder[0]['params']
+  return run, cfg, k
+
+
+def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, warmup: int,
+                     repeats: int, grad_iterations: int = 0) -> dict:
+  """Tokens/s of `train_step_and_state`'s step, medians after warm-up."""
+  run, cfg, k = train_step_runner(fields, seq_len=seq_len, batch=batch, k_unroll=k_unroll,
+                                  grad_iterations=grad_iterations)
   seconds = timing.median_seconds(run, warmup=warmup, repeats=repeats)
-  flops = training_flops_per_token(cfg, seq_len, k or 1)
+  flops = training_flops_per_token(cfg, seq_len, k or 1, grad_iterations)
   return {'step_ms': 1e3 * seconds, 'tokens_per_second': batch * seq_len / seconds,
-          'flops_per_token': flops, 'params': models.count_params(params)}
+          'flops_per_token': flops, 'params': models.count_params(run.params())}
 
 
 def decode_bytes_per_step(spec, params, batch: int, context: float) -> float:
@@ -109,22 +132,15 @@ def decode_latency(fields: dict, *, batch: int, prompt_len: int, new_tokens: int
           'params': models.count_params(variables)}
 
 
-def generate_call(fields: dict, *, batch: int, prompt_len: int, new_tokens: int, warmup: int,
-                  repeats: int) -> dict:
-  """`decode.generate` timed as a user calls it: whole calls (prefill of a `prompt_len` prompt,
-  then `new_tokens` greedy tokens), medians after warm-up, the result fetched to the host. Also
-  the marginal ms per token of the same call (differencing `new_tokens` and 1 new tokens), so the
-  per-call overhead shows as whole - new_tokens x marginal."""
+def generate_runner(fields: dict, *, batch: int, prompt_len: int):
+  """`(call, params)`: `call(n)` is `decode.generate` of n greedy tokens after a random
+  `prompt_len`-token prompt at batch `batch`, fetched to the host, as a user calls it."""
   cfg = model_config(fields)
   model = models.build(cfg)
   variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
   prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 0, cfg.vocab_size)
   call = lambda n: np.asarray(decode.generate(model, variables, prompt, n, jax.random.key(2)))
-  whole = timing.median_seconds(lambda: call(new_tokens), warmup=warmup, repeats=repeats)
-  marginal = timing.per_item_seconds(call, 1, new_tokens, warmup=warmup, repeats=repeats)
-  return {'whole_call_ms': 1e3 * whole, 'marginal_ms_per_token': 1e3 * marginal,
-          'overhead_ms': 1e3 * (whole - new_tokens * marginal),
-          'params': models.count_params(variables)}
+  return call, models.count_params(variables)
 
 
 def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmup: int,

@@ -20,6 +20,31 @@ def median_seconds(fn: Callable[[], Any], *, warmup: int, repeats: int) -> float
   return statistics.median(times)
 
 
+def interleaved_seconds(fns: dict, *, warmup: int, repeats: int) -> dict:
+  """Wall times of several callables run in turn, one call of each per round, `repeats` rounds
+  after `warmup` untimed ones: {name: [seconds per round]}.
+
+  A comparison of two implementations (ours against the peer) is made from the same rounds, so
+  the minutes-long drifts of a shared machine (10-15% here) fall on both sides alike instead of
+  on whichever ran later.
+  """
+  for _ in range(max(warmup, 1)):
+    for fn in fns.values():
+      jax.block_until_ready(fn())
+  times = {name: [] for name in fns}
+  for _ in range(max(repeats, 1)):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - start)
+  return times
+
+
+def median_ratio(numerators, denominators) -> float:
+  """Median over rounds of numerator / denominator (paired: the same round's two times)."""
+  return statistics.median(a / b for a, b in zip(numerators, denominators))
+
+
 def per_item_seconds(run: Callable[[int], Any], small: int, large: int, *, warmup: int,
                      repeats: int) -> float:
   """Marginal seconds per item: (t(large) - t(small)) / (large - small).

@@ -104,6 +104,9 @@ def default_model_config() -> ml_collections.ConfigDict:
   c.param_dtype = 'float32'
   c.kernel_layout = 'out_in'  # dense weights stored [out, in] ('weight', as PyTorch) or [in, out]
                               # ('kernel', as Flax); same maths, out_in is faster on XLA:CPU
+  c.attention_blocks = 1      # causal self-attention in this many query blocks, skipping the
+                              # score tiles above the diagonal (exact; no faster at T = 256 on
+                              # CPU: docs/benchmarks.md)
   # Context-ready fields (ignored by kind='transformer').
   c.k_unroll = 5              # K: fixed-point iterations in the parallel forward
   c.correction = 'add'        # 'add' | 'token_blind' | 'concat' | 'none' | 'tied'
@@ -219,6 +222,8 @@ def _validate_family_fields(cfg) -> None:
          'must be >= 0 (0 = head_dim)')
   _check(get('embed_scale') >= 0, 'embed_scale', 'must be >= 0 (0 = family default)')
   _check(get('parallel_norms') in (1, 2), 'parallel_norms', 'must be 1 or 2')
+  _check(isinstance(get('attention_blocks'), int) and get('attention_blocks') >= 1,
+         'attention_blocks', f"must be an integer >= 1, got {get('attention_blocks')!r}")
   _check(get('kernel_layout') in KERNEL_LAYOUTS, 'kernel_layout',
          f"got {get('kernel_layout')!r}, allowed {list(KERNEL_LAYOUTS)}")
   _check(get('positions') != 'learned' or _family(cfg.block).learned_positions, 'positions',
@@ -264,6 +269,7 @@ class ModelSpec:
   use_bias: bool = False
   parallel_norms: int = 1
   kernel_layout: str = 'out_in'  # the config's default; saved configs: see LEGACY_DEFAULTS
+  attention_blocks: int = 1
 
   @classmethod
   def from_config(cls, cfg) -> 'ModelSpec':
