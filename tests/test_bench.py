@@ -114,12 +114,18 @@ def test_peer_comparisons_are_paired_and_judged(monkeypatch):
   monkeypatch.setattr(peer, 'label', lambda: 'fake peer')
   monkeypatch.setattr(peer, 'train_step_fn', lambda **kw: fake_step)
   monkeypatch.setattr(peer, 'generate_runner', fake_generate_runner)
+  from ctr_jax.bench import suite  # pylint: disable=g-import-not-at-top
+  built = []
+  real_runner = suite.train_step_runner
+  monkeypatch.setattr(suite, 'train_step_runner',
+                      lambda *a, **kw: built.append(kw) or real_runner(*a, **kw))
   config = tiny.get_config()
   config.sections = 'train,generate'
   config.train = config.train[:1]
   config.peer.enabled = True
   config.peer.rounds = 3
   results = runner.run(config, log=lambda *_: None)
+  assert len(built) == 1  # the paired rounds reuse the row's compiled step
   ours, theirs = results['train']
   assert theirs['label'] == 'fake peer' and theirs['rounds'] == 3
   assert ours['vs_peer'] > 0 and ours['paired_step_ms'] > 0
@@ -132,6 +138,15 @@ def test_peer_comparisons_are_paired_and_judged(monkeypatch):
   assert "- Training at the peer's shape: **" in text
   assert '- `generate`, whole calls, B = 1: **' in text
   assert timing.median_ratio([2.0, 3.0, 9.0], [1.0, 1.0, 1.0]) == 3.0
+
+
+def test_interleaved_rounds_rotate_the_order():
+  from ctr_jax.bench import timing  # pylint: disable=g-import-not-at-top
+  calls = []
+  fns = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
+  times = timing.interleaved_seconds(fns, warmup=1, repeats=3)
+  assert calls[3:] == list('abc' 'bca' 'cab')
+  assert all(len(t) == 3 for t in times.values())
 
 
 def test_verdict_lines_say_met_or_by_how_much_not():

@@ -91,13 +91,20 @@ def run(config, log=print) -> dict:
     results['notes'].append(peer_missing)
 
   if 'train' in sections:
-    results['train'] = []
+    results['train'], matched_runner = [], None
     for entry in config.train:
       fields = _with_dtype(entry['model'], config.dtype)
+      label = entry.get('label') or _label(fields)
+      runner = suite.train_step_runner(fields, seq_len=entry['seq_len'], batch=entry['batch'],
+                                       k_unroll=entry.get('k', 0),
+                                       grad_iterations=entry.get('m', 0))
       row = suite.train_throughput(fields, seq_len=entry['seq_len'], batch=entry['batch'],
                                    k_unroll=entry.get('k', 0),
-                                   grad_iterations=entry.get('m', 0), **reps)
-      row.update(label=entry.get('label') or _label(fields), k=entry.get('k', 0),
+                                   grad_iterations=entry.get('m', 0), runner=runner, **reps)
+      if label == config.peer.matched_label and matched_runner is None:
+        matched_runner = runner[0]  # compiled once: the paired rounds below time this step
+      del runner
+      row.update(label=label, k=entry.get('k', 0),
                  m=entry.get('m', 0),
                  seq_len=entry['seq_len'], batch=entry['batch'])
       row['mfu'] = row['flops_per_token'] * row['tokens_per_second'] / results['peak_flops']
@@ -105,7 +112,7 @@ def run(config, log=print) -> dict:
       log(f"  train {row['label']} K={row['k']} m={row['m'] or 'all'}: {row['tokens_per_second']:.0f} tokens/s, "
           f"MFU {100 * row['mfu']:.1f}%")
     if not peer_missing:
-      results['train'].append(_paired_training(config, results, reps, log))
+      results['train'].append(_paired_training(config, results, matched_runner, reps, log))
 
   if 'decode' in sections:
     d = config.decode
@@ -189,21 +196,17 @@ def run(config, log=print) -> dict:
   return results
 
 
-def _paired_training(config, results, reps, log) -> dict:
-  """The peer's training step, timed in the same rounds as our step of the same shape (the
-  train entry labelled `peer.matched_label`), which gets the paired ratio `vs_peer`."""
+def _paired_training(config, results, ours, reps, log) -> dict:
+  """The peer's training step, timed in the same rounds as `ours`, our step of the same shape
+  (the train entry labelled `peer.matched_label`, None if there is none), whose row gets the
+  paired ratio `vs_peer`."""
   p = config.peer
   matched = next((t for t in results['train'] if t['label'] == p.matched_label), None)
-  entry = next((e for e in config.train
-                if (e.get('label') or _label(_with_dtype(e['model'], config.dtype)))
-                == p.matched_label), None)
   theirs = peer.train_step_fn(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
                               seq_len=p.seq_len, batch=p.batch)
   fns = {'peer': theirs}
-  if entry is not None:
-    fns['ours'] = suite.train_step_runner(_with_dtype(entry['model'], config.dtype),
-                                          seq_len=entry['seq_len'], batch=entry['batch'],
-                                          k_unroll=entry.get('k', 0))[0]
+  if ours is not None:
+    fns['ours'] = ours
   times = timing.interleaved_seconds(fns, warmup=reps['warmup'],
                                      repeats=max(reps['repeats'], p.rounds))
   seconds = statistics.median(times['peer'])

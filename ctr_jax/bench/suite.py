@@ -86,10 +86,13 @@ def train_step_runner(fields: dict, *, seq_len: int, batch: int, k_unroll: int,
 
 
 def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, warmup: int,
-                     repeats: int, grad_iterations: int = 0) -> dict:
-  """Tokens/s of `train_step_and_state`'s step, medians after warm-up."""
-  run, cfg, k = train_step_runner(fields, seq_len=seq_len, batch=batch, k_unroll=k_unroll,
-                                  grad_iterations=grad_iterations)
+                     repeats: int, grad_iterations: int = 0, runner=None) -> dict:
+  """Tokens/s of `train_step_and_state`'s step, medians after warm-up.
+
+  runner: a `train_step_runner(...)` result of these same arguments, to time a step that is
+  already compiled (the bench reuses its peer-shape row's step for the paired rounds)."""
+  run, cfg, k = runner or train_step_runner(fields, seq_len=seq_len, batch=batch,
+                                            k_unroll=k_unroll, grad_iterations=grad_iterations)
   seconds = timing.median_seconds(run, warmup=warmup, repeats=repeats)
   flops = training_flops_per_token(cfg, seq_len, k or 1, grad_iterations)
   return {'step_ms': 1e3 * seconds, 'tokens_per_second': batch * seq_len / seconds,

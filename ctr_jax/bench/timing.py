@@ -26,16 +26,19 @@ def interleaved_seconds(fns: dict, *, warmup: int, repeats: int) -> dict:
 
   A comparison of two implementations (ours against the peer) is made from the same rounds, so
   the minutes-long drifts of a shared machine (10-15% here) fall on both sides alike instead of
-  on whichever ran later.
+  on whichever ran later. The order within a round rotates from round to round, so that no
+  callable always runs first (after the others' cache and frequency effects) or last.
   """
   for _ in range(max(warmup, 1)):
     for fn in fns.values():
       jax.block_until_ready(fn())
-  times = {name: [] for name in fns}
-  for _ in range(max(repeats, 1)):
-    for name, fn in fns.items():
+  names = list(fns)
+  times = {name: [] for name in names}
+  for round_index in range(max(repeats, 1)):
+    shift = round_index % len(names)
+    for name in names[shift:] + names[:shift]:
       start = time.perf_counter()
-      jax.block_until_ready(fn())
+      jax.block_until_ready(fns[name]())
       times[name].append(time.perf_counter() - start)
   return times
 
