@@ -31,6 +31,10 @@ Args:
          same sum over every position: a constant factor smaller).
   positions: 'rope' (default), 'rope_integer' (the author's integer angles) or 'none' (his
          no-RoPE option: the causal mask is the only order signal).
+  key_curriculum: '' (default: every example has 8 keys per level) or stages 'KEYS:UNTIL/...',
+         e.g. '2:500/4:1000': 2 keys per level (a random subset of the 8 tokens, the rest of each
+         table PAD) until step 500, 4 until step 1000, then 8. The author's code has a key
+         curriculum whose schedule is not recorded (reference 7.2); this one is ours.
   runlocal: a CPU smoke run of the same task: at most 200 steps, evaluated on 256 examples.
 Defaults follow the author's runs (reference section 7.3): width 128, 4 heads, Adam lr 1e-3
 (no weight decay, constant rate), gradient clipping 1.0, batch 64, dropout 0, PyTorch-default
@@ -67,7 +71,8 @@ def model_for(name: str, hops: int, width: int = 128, heads: int = 4,
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, hops=3, model='d1_bptt', steps=5000, width=128, seed=0,
                               entry_targets=0, equals_targets=0, encoding='sections',
-                              loss_over='targets', positions='rope', runlocal=False)
+                              loss_over='targets', positions='rope', key_curriculum='',
+                              runlocal=False)
   encoding = pointer_chasing.check_encoding(args.encoding)
   c = common.get_base()
   c.model, recipe = model_for(args.model, args.hops, args.width, encoding=encoding)
@@ -81,6 +86,8 @@ def get_config(arg=None):
       raise ValueError(f'config arg {helper}={args[helper]!r}: allowed 0 or 1')
     c.data[helper] = bool(args[helper])  # helper targets (training only); see the docstring
   c.data.encoding = encoding
+  pointer_chasing.parse_key_curriculum(args.key_curriculum)  # bad stages fail here, named
+  c.data.key_curriculum = str(args.key_curriculum)
   c.data.loss_over = args.loss_over   # checked by the task (ctr_jax/tasks/pointer_chasing.py)
   c.data.seq_len = pointer_chasing.seq_len(args.hops, encoding)
   c.batch_size = 64

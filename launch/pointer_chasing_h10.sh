@@ -14,7 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${POINTER_BUDGET_S:-420}"
-ARGS="${POINTER_ARGS:---hops=10 --models=t1,t5,t9,t11,d1_bptt --steps=5000}"
+# The author's notes encoding ('tables': levels L0..L10, the version his recorded staircases
+# were scored on; docs/pointer_chasing.md, "Representability"), as the CPU staircases run.
+ARGS="${POINTER_ARGS:---hops=10 --encoding=tables --models=t1,t5,t9,t11,d1_bptt --steps=5000}"
 if python -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi

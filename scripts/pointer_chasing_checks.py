@@ -68,6 +68,10 @@ CHECKS = (
     Check('warmup_cosine', 'linear warm-up (5%) and cosine decay to 10% instead of a constant rate',
           'model=t2,encoding=tables', 'baseline',
           ('--config.optim.warmup_steps=150', '--config.optim.min_lr_ratio=0.1')),
+    # The author's code has a key curriculum with an unrecorded schedule (reference 7.2); this
+    # one is ours: 2 keys per level for the first 500 steps, 4 until 1,000, then all 8.
+    Check('key_curriculum', 'a key curriculum: 2 keys per level until step 500, 4 until 1,000',
+          'model=t2,encoding=tables,key_curriculum=2:500/4:1000', 'baseline'),
     Check('t3_sections', "3 layers on the code encoding (query sections), no helper",
           'model=t3,encoding=sections'),
     Check('t3_multi_q', "his multi-Q helper sections (partial resolutions)",

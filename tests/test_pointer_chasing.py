@@ -8,7 +8,7 @@ from ctr_jax.tasks import pointer_chasing as pointer_task
 from ctr_jax.data import pointer_chasing as pc
 
 
-def read_example(tokens, hops, entry_targets=False, equals_targets=False):
+def read_example(tokens, hops, entry_targets=False, equals_targets=False, num_keys=8):
   """Parses one example with plain dicts, knowing only the documented format.
 
   Returns (tables, expected) where tables[L] maps each level-L key token to the token it points
@@ -29,10 +29,13 @@ def read_example(tokens, hops, entry_targets=False, equals_targets=False):
   for level in range(hops):
     level_keys = set(range(4 + 8 * level, 12 + 8 * level))
     table, key_positions = {}, {}
-    for _ in range(8):
+    for slot in range(8):
       target, eq, key = tokens[pos:pos + 3]
-      assert eq == 2 and key in level_keys and key not in table
-      table[key], key_positions[key] = target, pos + 2
+      if slot >= num_keys:  # the padding of a table with fewer keys
+        assert target == eq == key == 0
+      else:
+        assert eq == 2 and key in level_keys and key not in table
+        table[key], key_positions[key] = target, pos + 2
       pos += 3
     assert tokens[pos] == 3
     pos += 1
@@ -45,15 +48,18 @@ def read_example(tokens, hops, entry_targets=False, equals_targets=False):
         pointed = tokens[key_pos - 2]
         expected[key_pos - 1] = resolve(level - 1, pointed) if level else pointed
     queried = []
-    for _ in range(8):
-      assert tokens[pos] == 1 and tokens[pos + 1] in level_keys
-      queried.append(tokens[pos + 1])
-      expected[pos + 1] = resolve(level, tokens[pos + 1])
+    for slot in range(8):
+      if slot >= num_keys:
+        assert tokens[pos] == tokens[pos + 1] == 0
+      else:
+        assert tokens[pos] == 1 and tokens[pos + 1] in level_keys
+        queried.append(tokens[pos + 1])
+        expected[pos + 1] = resolve(level, tokens[pos + 1])
       pos += 2
-    assert sorted(queried) == sorted(level_keys)
+    assert sorted(queried) == sorted(table)
     assert tokens[pos] == 3
     pos += 1
-  assert tokens[pos] == 1 and 4 + 8 * (hops - 1) <= tokens[pos + 1] < first_value
+  assert tokens[pos] == 1 and tokens[pos + 1] in tables[-1]
   expected[pos + 1] = resolve(hops - 1, tokens[pos + 1])
   assert pos + 2 == len(tokens)
   return tables, expected
@@ -78,6 +84,46 @@ def test_generator_agrees_with_an_independent_reader(hops, entry_targets, equals
       assert sorted(tables[level].values()) == lower_keys
     final_keys.add(int(row_tokens[-1]))
   assert len(final_keys) == 8  # every top-level key gets queried over 100 examples
+
+
+@pytest.mark.parametrize('hops,num_keys,equals_targets', [(1, 1, False), (2, 2, False),
+                                                           (3, 4, True), (4, 7, False)])
+def test_fewer_keys_keep_the_layout_and_resolve_correctly(hops, num_keys, equals_targets):
+  """A key-curriculum stage: num_keys real entries per table (a random subset of the level's
+  tokens, permuted onto the level below's subset), PAD up to 8, the same T and labels."""
+  tokens, targets = pc.batch(hops, 100, seed=7, num_keys=num_keys,
+                             equals_targets=equals_targets)
+  assert tokens.shape == (100, 42 * hops + 2)
+  used = set()
+  for row_tokens, row_targets in zip(tokens, targets):
+    tables, expected = read_example(row_tokens, hops, equals_targets=equals_targets,
+                                    num_keys=num_keys)
+    np.testing.assert_array_equal(row_targets, [-1 if e is None else e for e in expected])
+    for level in range(1, hops):
+      assert sorted(tables[level].values()) == sorted(tables[level - 1])
+    used.update(tables[0])
+  assert len(used) == 8  # the subsets differ from example to example
+  # Targets sit only where the full layout has them (evaluation's labels stay valid).
+  kinds = pc.position_labels(hops).kind
+  assert np.all(kinds[(targets >= 0).any(0)] != pc.NONE)
+  tables_only, _ = pc.batch(hops, 4, seed=7, num_keys=num_keys, encoding='tables')
+  assert tables_only.shape == (4, 25 * hops + 2)
+
+
+def test_key_curriculum_stages_follow_the_step():
+  stages = pc.parse_key_curriculum('2:500/4:1000')
+  assert stages == ((2, 500), (4, 1000))
+  assert [pc.curriculum_keys(stages, s) for s in (0, 499, 500, 999, 1000, 10**6)] == \
+      [2, 2, 4, 4, 8, 8]
+  assert pc.curriculum_keys((), 0) == 8
+  stream = pointer_task._BatchStream(2, 8, 0, 0, 1, 'tables', stages)
+  stream.set_state({'next_index': 499})
+  assert (next(stream)['tokens'][:, 3 * 2:3 * 8] == 0).all()   # step 499: two keys
+  stream.set_state({'next_index': 1000})
+  assert (next(stream)['tokens'][:, 2:24:3] != 0).all()        # step 1000: all eight
+  for bad in ('2', '8:100', '4:100/2:200', '2:100/4:50', 'x:1', '2:0'):
+    with pytest.raises(ValueError, match='key_curriculum'):
+      pc.parse_key_curriculum(bad)
 
 
 def test_examples_are_random_across_seeds_and_indices():

@@ -146,6 +146,22 @@ def test_tables_encoding_through_the_config_and_the_task():
   pointer_task.validate_config(old)
 
 
+def test_key_curriculum_through_the_config_and_the_task():
+  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
+  config = small('hops=2,model=t1,encoding=tables,key_curriculum=2:3/4:6')
+  config_lib.validate(config)
+  task = pointer_task.PointerChasing(config, process_index=0, process_count=1)
+  keys_per_step = [int((next(task.train_iter)['tokens'][:, 2:24:3] != 0).sum(1).max())
+                   for _ in range(8)]
+  assert keys_per_step == [2, 2, 2, 4, 4, 4, 8, 8]
+  with pytest.raises(ValueError, match='key_curriculum'):
+    pc_config.get_config('key_curriculum=4:100/2:200')
+  config.data.key_curriculum = '9:10'
+  with pytest.raises(ValueError, match='config.data.key_curriculum'):
+    config_lib.validate(config)
+
+
 def test_training_switches_reach_the_model_and_the_task():
   from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
   from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
@@ -188,3 +204,23 @@ def test_checks_script_trains_reports_profiles_and_keeps_the_doc(tmp_path):
   text = (docs / 'pointer_chasing.md').read_text()
   assert text.startswith('# Pointer chasing\n\nHand-written.\n')
   assert text.count('## One difference at a time') == 1 and 'Not run yet: baseline' in text
+
+
+def test_torch_cross_check_script_trains_and_records_its_command(tmp_path):
+  """scripts/pointer_chasing_torch_check.py (the independent PyTorch trainer) on tiny settings;
+  skipped where torch (the `bench` extra) is not installed."""
+  pytest.importorskip('torch')
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location('torch_check',
+                                                'scripts/pointer_chasing_torch_check.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  out = tmp_path / 'check.json'
+  module.main(['--hops=2', '--layers=1', '--steps=2', '--width=16', '--heads=2',
+               '--eval_every=1', '--eval_examples=8', f'--out={out}'])
+  import json  # pylint: disable=g-import-not-at-top
+  record = json.loads(out.read_text())
+  assert [r['step'] for r in record['curve']] == [1, 2]
+  assert set(record['final']) == {'L0', 'L1', 'final'}
+  assert all(0 <= v <= 1 for v in record['final'].values())
+  assert 'pointer_chasing_torch_check.py' in record['command']

@@ -200,18 +200,39 @@ def _uniforms(keys: np.ndarray, count: int) -> np.ndarray:
   return (_splitmix(states) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
+def check_num_keys(num_keys: int) -> int:
+  if int(num_keys) != num_keys or not 1 <= num_keys <= NUM_KEYS:
+    raise ValueError(f'num_keys (keys per level in an example) must be an integer in '
+                     f'1..{NUM_KEYS}, got {num_keys!r}')
+  return int(num_keys)
+
+
 def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = False,
-              equals_targets: bool = False,
-              encoding: str = DEFAULT_ENCODING) -> tuple[np.ndarray, np.ndarray]:
+              equals_targets: bool = False, encoding: str = DEFAULT_ENCODING,
+              num_keys: int = NUM_KEYS) -> tuple[np.ndarray, np.ndarray]:
   """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each.
 
   Every encoding draws the same tables, query orders and final query from (seed, index): a
   'tables' example is its 'sections' twin without the query sections, a 'multi_q' one the same
   twin with the partial sections (whose orders are drawn after everything else) added.
+
+  num_keys < 8 (a stage of a key curriculum): each level uses `num_keys` of its 8 key tokens,
+  a random subset per example and level, with the permutations between those subsets. The layout
+  and T stay those of 8 keys: a table's real entries come first, then PAD triples up to 8 slots
+  (a query section: PAD pairs), without targets, so every stage has the same shapes.
   """
-  b, k, starts = len(indices), NUM_KEYS, _level_starts(hops, encoding)
+  b, k, starts = len(indices), check_num_keys(num_keys), _level_starts(hops, encoding)
   extra = k * hops * hops if encoding == 'multi_q' else 0
-  u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1 + extra)
+  u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1 + extra
+                + (NUM_KEYS * hops if k < NUM_KEYS else 0))
+  # label[:, L, j]: the token index (0..7) of level L's j-th key; the identity for 8 keys.
+  label = (np.argsort(u[:, -NUM_KEYS * hops:].reshape(b, hops, NUM_KEYS), axis=-1)[..., :k]
+           if k < NUM_KEYS else np.broadcast_to(np.arange(k), (b, hops, k)))
+  if extra and k < NUM_KEYS:
+    u = u[:, :-NUM_KEYS * hops]
+
+  def key_of(lvl, keys):
+    return key_token(lvl, np.take_along_axis(label[:, lvl], keys, axis=1))
   base_values = np.floor(u[:, :k] * NUM_VALUES).astype(np.int64)          # [B, 8]
   # Argsort of i.i.d. uniforms is a uniformly random permutation (ties have probability ~2^-53).
   perms = np.argsort(u[:, k:k * hops].reshape(b, hops - 1, k), axis=-1)   # level L>=1 -> L-1
@@ -226,7 +247,7 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
   for lvl in range(1, hops):
     resolved.append(np.take_along_axis(resolved[-1], perms[:, lvl - 1], axis=1))
 
-  tokens = np.empty((b, seq_len(hops, encoding)), np.int32)
+  tokens = np.full((b, seq_len(hops, encoding)), PAD, np.int32)
   targets = np.full((b, seq_len(hops, encoding)), IGNORE, np.int32)
   for lvl in range(hops):
     start = starts[lvl]
@@ -235,17 +256,17 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
       pointed = value_token(hops, np.take_along_axis(base_values, keys, axis=1))
     else:
       pointed_keys = np.take_along_axis(perms[:, lvl - 1], keys, axis=1)
-      pointed = key_token(lvl - 1, pointed_keys)
+      pointed = key_of(lvl - 1, pointed_keys)
       if entry_targets:
         targets[:, start:start + 3 * k:3] = value_token(
             hops, np.take_along_axis(resolved[lvl - 1], pointed_keys, axis=1))
     entries = tokens[:, start:start + 3 * k].reshape(b, k, 3)
-    entries[..., 0], entries[..., 1], entries[..., 2] = pointed, EQUALS, key_token(lvl, keys)
+    entries[..., 0], entries[..., 1], entries[..., 2] = pointed, EQUALS, key_of(lvl, keys)
     targets[:, start + 2:start + 3 * k:3] = value_token(
         hops, np.take_along_axis(resolved[lvl], keys, axis=1))
     if equals_targets:  # the key points to its entry's target side, so they resolve alike
       targets[:, start + 1:start + 3 * k:3] = targets[:, start + 2:start + 3 * k:3]
-    tokens[:, start + 3 * k] = SEP
+    tokens[:, start + 3 * NUM_KEYS] = SEP
     if encoding == 'tables':
       continue
 
@@ -255,24 +276,25 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
       reached = keys
       for below in range(lvl, lvl - hop, -1):  # one hop: a level-`below` key to level below-1
         reached = np.take_along_axis(perms[:, below - 1], reached, axis=1)
-      _query_section(tokens, targets, start, key_token(lvl, keys), key_token(lvl - hop, reached))
+      _query_section(tokens, targets, start, key_of(lvl, keys), key_of(lvl - hop, reached))
       start += QUERY_LEN
     keys = query_order[:, lvl]
-    _query_section(tokens, targets, start, key_token(lvl, keys),
+    _query_section(tokens, targets, start, key_of(lvl, keys),
                    value_token(hops, np.take_along_axis(resolved[lvl], keys, axis=1)))
 
-  tokens[:, -2], tokens[:, -1] = QUERY, key_token(hops - 1, final_key)
+  tokens[:, -2], tokens[:, -1] = QUERY, key_of(hops - 1, final_key[:, None])[:, 0]
   targets[:, -1] = value_token(hops, np.take_along_axis(resolved[-1], final_key[:, None], 1)[:, 0])
   return tokens, targets
 
 
 def _query_section(tokens, targets, start, keys, answers):
-  """`QUERY key` for each of `keys` [B, 8] at `start`, `answers` [B, 8] as targets, then '|'."""
+  """`QUERY key` for each of `keys` [B, k] at `start`, `answers` [B, k] as targets, then PAD
+  pairs up to 8 and '|'."""
   b, k = keys.shape
   pairs = tokens[:, start:start + 2 * k].reshape(b, k, 2)
   pairs[..., 0], pairs[..., 1] = QUERY, keys
   targets[:, start + 1:start + 2 * k:2] = answers
-  tokens[:, start + 2 * k] = SEP
+  tokens[:, start + 2 * NUM_KEYS] = SEP
 
 
 def sample(hops: int, seed: int, index: int = 0, entry_targets: bool = False,
@@ -293,18 +315,46 @@ def sample(hops: int, seed: int, index: int = 0, entry_targets: bool = False,
 
 
 def batch(hops: int, batch_size: int, seed: int, start: int = 0, entry_targets: bool = False,
-          equals_targets: bool = False,
-          encoding: str = DEFAULT_ENCODING) -> tuple[np.ndarray, np.ndarray]:
+          equals_targets: bool = False, encoding: str = DEFAULT_ENCODING,
+          num_keys: int = NUM_KEYS) -> tuple[np.ndarray, np.ndarray]:
   """Examples start .. start + batch_size - 1 of stream `seed`: int32 [B, T] tokens, targets.
 
   A trainer can take step s as `batch(hops, B, seed, start=s * B)`: one endless stream, no
-  example repeated, every batch reproducible from (seed, step) alone.
+  example repeated, every batch reproducible from (seed, step) alone. num_keys < 8: examples
+  with that many keys per level, in the layout of 8 (see `_generate`).
   """
   if batch_size < 1 or start < 0:
     raise ValueError(f'need batch_size >= 1 and start >= 0, got {batch_size} and {start}')
   indices = np.arange(start, start + batch_size, dtype=np.int64)
   return _generate(_check_hops(hops), seed, indices, entry_targets, equals_targets,
-                   check_encoding(encoding))
+                   check_encoding(encoding), num_keys)
+
+
+def parse_key_curriculum(spec: str) -> tuple[tuple[int, int], ...]:
+  """'2:500/4:1000' -> ((2, 500), (4, 1000)): 2 keys per level for steps [0, 500), 4 for
+  [500, 1000), all 8 afterwards. '' -> () (no curriculum)."""
+  if not spec:
+    return ()
+  stages = []
+  for part in str(spec).split('/'):
+    try:
+      keys, until = (int(x) for x in part.split(':'))
+    except ValueError:
+      raise ValueError(f'key_curriculum {spec!r}: write stages as KEYS:UNTIL_STEP joined by '
+                       "'/', e.g. '2:500/4:1000'") from None
+    stages.append((keys, until))
+  keys, untils = zip(*stages)
+  if not all(1 <= n < NUM_KEYS for n in keys) or list(keys) != sorted(set(keys)):
+    raise ValueError(f'key_curriculum {spec!r}: the key counts must increase, each in '
+                     f'1..{NUM_KEYS - 1} (after the last stage every example has {NUM_KEYS})')
+  if untils[0] < 1 or list(untils) != sorted(set(untils)):
+    raise ValueError(f'key_curriculum {spec!r}: the stages\' end steps must increase, from >= 1')
+  return tuple(stages)
+
+
+def curriculum_keys(stages: tuple[tuple[int, int], ...], step: int) -> int:
+  """Keys per level of the examples of training step `step` (0-based) under `stages`."""
+  return next((keys for keys, until in stages if step < until), NUM_KEYS)
 
 
 class PointerChasingSource:

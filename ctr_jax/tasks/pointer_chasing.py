@@ -168,13 +168,14 @@ class _BatchStream:
   """Endless, checkpointable stream of this process's share of each global batch."""
 
   def __init__(self, hops, global_batch_size, seed, process_index, process_count, encoding,
-               **helper_targets):
+               key_curriculum=(), **helper_targets):
     if global_batch_size % process_count:
       raise ValueError(f'config.batch_size={global_batch_size} is not divisible by the '
                        f'{process_count} processes')
     self.hops, self.global_batch, self.seed = hops, global_batch_size, seed
     self.helper_targets = helper_targets  # generator.HELPER_TARGETS switches
     self.encoding = encoding
+    self.key_curriculum = key_curriculum  # ((keys, until_step), ...): batch i's keys per level
     self.local = global_batch_size // process_count
     self.offset = process_index * self.local
     self.next_index = 0
@@ -184,8 +185,10 @@ class _BatchStream:
 
   def __next__(self):
     start = self.next_index * self.global_batch + self.offset
-    tokens, targets = generator.batch(self.hops, self.local, self.seed, start=start,
-                                      encoding=self.encoding, **self.helper_targets)
+    tokens, targets = generator.batch(
+        self.hops, self.local, self.seed, start=start, encoding=self.encoding,
+        num_keys=generator.curriculum_keys(self.key_curriculum, self.next_index),
+        **self.helper_targets)
     self.next_index += 1
     return {'tokens': tokens, 'targets': targets}
 
@@ -226,6 +229,10 @@ def validate_config(config) -> None:
   loss_over = config.data.get('loss_over', 'targets')
   if loss_over not in LOSS_OVER:
     raise ValueError(f'config.data.loss_over: got {loss_over!r}, allowed {list(LOSS_OVER)}')
+  try:
+    generator.parse_key_curriculum(config.data.get('key_curriculum', ''))
+  except ValueError as e:
+    raise ValueError(f'config.data.{e}') from None
   encoding = encoding_of(config)
   if encoding not in generator.ENCODINGS:
     raise ValueError(f'config.data.encoding: got {encoding!r}, allowed {list(generator.ENCODINGS)}')
@@ -251,8 +258,10 @@ class PointerChasing:
     self.encoding = encoding_of(config)
     # Helper targets only shape training; evaluation always scores the task's own targets.
     self.train_iter = _BatchStream(self.hops, config.batch_size, config.seed, process_index,
-                                   process_count, self.encoding, **{h: bool(config.data[h])
-                                                     for h in generator.HELPER_TARGETS})
+                                   process_count, self.encoding,
+                                   generator.parse_key_curriculum(
+                                       config.data.get('key_curriculum', '')),
+                                   **{h: bool(config.data[h]) for h in generator.HELPER_TARGETS})
     self.eval_examples = config.eval_batches * config.batch_size
     self.final_examples = config.pointer_eval_examples
     self.batch_size = config.batch_size
