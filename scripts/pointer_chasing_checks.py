@@ -72,6 +72,10 @@ CHECKS = (
     # one is ours: 2 keys per level for the first 500 steps, 4 until 1,000, then all 8.
     Check('key_curriculum', 'a key curriculum: 2 keys per level until step 500, 4 until 1,000',
           'model=t2,encoding=tables,key_curriculum=2:500/4:1000', 'baseline'),
+    # Three layers can take the route without query-side composition (give the entry's target
+    # token its value by a match of raw tokens, then copy it two positions on): docs, "What
+    # this leaves".
+    Check('t3_tables', 'a third layer', 'model=t3,encoding=tables', 'baseline'),
     Check('t3_sections', "3 layers on the code encoding (query sections), no helper",
           'model=t3,encoding=sections'),
     Check('t3_multi_q', "his multi-Q helper sections (partial resolutions)",

@@ -44,7 +44,7 @@ flags.DEFINE_string('extra', '', 'Extra flags for every run, e.g. "--config.batc
                     '(recorded in each command).')
 flags.DEFINE_enum('encoding', pointer_chasing.ENCODINGS[0], list(pointer_chasing.ENCODINGS),
                   'The task encoding (configs/pointer_chasing.py arg encoding; rows of a '
-                  "non-default encoding are marked [tables] and get their own workdirs).")
+                  "non-default encoding get their own table in the report and their own workdirs).")
 flags.DEFINE_integer('seeds', 1, 'Seeds per model (0, 1, ...); seed 0 keeps the plain workdir.')
 flags.DEFINE_float('time_budget_s', 0, 'If > 0: measure each model\'s step time with a short '
                    'probe run, then train every model for the same number of steps, at most '
@@ -162,11 +162,14 @@ def _key(r):
   return r['model'], r['hops'], helpers(r), r.get('seed', 0), r.get('encoding', DEFAULT_ENCODING)
 
 
+def _encoding(r) -> str:
+  return r.get('encoding') or DEFAULT_ENCODING
+
+
 def _name(r):
+  """The row's model and helpers (its encoding is its table's title), with a non-zero seed."""
   seed = f" (seed {r['seed']})" if r.get('seed') else ''
-  encoding = r.get('encoding', DEFAULT_ENCODING)
-  encoding = '' if encoding == DEFAULT_ENCODING else f' [{encoding}]'
-  return ' + '.join((r['model'],) + helpers(r)) + encoding + seed
+  return ' + '.join((r['model'],) + helpers(r)) + seed
 
 
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
@@ -183,11 +186,19 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            'targets on index-table entries (`entry_targets=1`), rows marked "+ equals" with those',
            "on every entry's '=' (`equals_targets=1`); their evaluation is the same.", '',
            f'Machine: {machine_text}', '']
-  for hops in sorted({r['hops'] for r in runs}):
-    rows = [r for r in runs if r['hops'] == hops]
+  for hops, encoding in sorted({(r['hops'], _encoding(r)) for r in runs},
+                              key=lambda k: (k[0], k[1] != DEFAULT_ENCODING, k[1])):
+    rows = [r for r in runs if r['hops'] == hops and _encoding(r) == encoding]
     # 'tables' rows have one level more (L<H>, the final query) than 'sections' rows.
     levels = sorted({l for r in rows for l in r['level_accuracy']}, key=lambda l: int(l[1:]))
-    lines += [f'## H = {hops}', '',
+    title = f'## H = {hops}'
+    if encoding == 'tables':
+      title += (", the author's notes encoding (`encoding=tables`)\n\nNo query sections: "
+                f'L0..L{hops - 1} are the table keys of each level and L{hops} the final query '
+                f'(the "final query" column repeats it), {hops + 1} levels.')
+    elif encoding != DEFAULT_ENCODING:
+      title += f' (`encoding={encoding}`)'
+    lines += [title, '',
               '| model | ' + ' | '.join(levels) + ' | final query | table keys | solved | steps '
               '| train loss | wall time |',
               '|' + '---|' * (len(levels) + 7)]
@@ -198,7 +209,8 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
       name = _name(r)
       loss = f"{r['train_loss']:.3f}" if r.get('train_loss') is not None else '?'
       lines.append(f"| {name} | {acc} | {r['final_query_accuracy']:.3f} | "
-                   f"{r['table_key_accuracy']:.3f} | {r['levels_solved']}/{hops} | {r['steps']} | "
+                   f"{r['table_key_accuracy']:.3f} | {r['levels_solved']}/{len(r['level_accuracy'])} "
+                   f"| {r['steps']} | "
                    f"{loss} | {wall} |")
     lines.append('')
   lines += ['![staircase](pointer_chasing.png)', '', NOTES_MARKER]
@@ -219,20 +231,23 @@ def _plot(runs, path):
   fig, ax = plt.subplots(figsize=(6, 4))
   styles = [('o-', '*'), ('s--', 'P'), ('^:', 'X'), ('v-.', 'D')]
   for hops in sorted({r['hops'] for r in runs}):
-    for i, used in enumerate(sorted({helpers(r) for r in runs if r['hops'] == hops})):
-      suffix = ''.join(f', {h} targets' for h in used)
+    groups = sorted({(helpers(r), _encoding(r)) for r in runs if r['hops'] == hops})
+    for i, (used, encoding) in enumerate(groups):
+      suffix = ''.join(f', {h} targets' for h in used) + (
+          f', {encoding}' if encoding != DEFAULT_ENCODING else '')
       shift = 0.06 * i  # keep the markers of different helper sets apart
       line, star = styles[i % len(styles)]
-      mine = [r for r in runs if r['hops'] == hops and helpers(r) == used]
+      mine = [r for r in runs if r['hops'] == hops and (helpers(r), _encoding(r)) == (used,
+                                                                                       encoding)]
       ts = sorted((r['depth'] + shift, r['levels_solved']) for r in mine
-                  if r['kind'] == 'transformer')
+                  if r['kind'] == 'transformer' and not r.get('seed'))
       if ts:
         ax.plot(*zip(*ts), line, label=f'transformer, H={hops}{suffix}')
       for r in mine:
         if r['kind'] == 'context_ready':
           ax.scatter([r['depth'] + shift], [r['levels_solved']], marker=star, s=150,
                      label=f"CRT {r['model']}, H={hops}{suffix}")
-  top = max(r['hops'] for r in runs)
+  top = max(len(r['level_accuracy']) for r in runs)  # H, or H + 1 levels for 'tables'
   ax.set_ylim(-0.3, top + 0.3)
   ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
   ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
