@@ -76,6 +76,15 @@ CHECKS = (
     # token its value by a match of raw tokens, then copy it two positions on): docs, "What
     # this leaves".
     Check('t3_tables', 'a third layer', 'model=t3,encoding=tables', 'baseline'),
+    # "Dense targets" read as every position of every entry: the target side and the '=' carry
+    # the entry's resolved value as well as the key (our two helpers together).
+    Check('t3_dense', "targets at all three positions of every entry (both helpers)",
+          'model=t3,encoding=tables,entry_targets=1,equals_targets=1', 't3_tables'),
+    Check('t2_dense', "targets at all three positions of every entry (both helpers)",
+          'model=t2,encoding=tables,entry_targets=1,equals_targets=1', 'baseline'),
+    Check('d1_bptt_dense', "targets at all three positions of every entry (both helpers)",
+          'model=d1_bptt,encoding=tables,entry_targets=1,equals_targets=1', 'd1_bptt_tables',
+          steps=1500),
     Check('t3_sections', "3 layers on the code encoding (query sections), no helper",
           'model=t3,encoding=sections'),
     Check('t3_multi_q', "his multi-Q helper sections (partial resolutions)",
