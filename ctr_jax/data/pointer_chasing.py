@@ -228,8 +228,8 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
   # label[:, L, j]: the token index (0..7) of level L's j-th key; the identity for 8 keys.
   label = (np.argsort(u[:, -NUM_KEYS * hops:].reshape(b, hops, NUM_KEYS), axis=-1)[..., :k]
            if k < NUM_KEYS else np.broadcast_to(np.arange(k), (b, hops, k)))
-  if extra and k < NUM_KEYS:
-    u = u[:, :-NUM_KEYS * hops]
+  if k < NUM_KEYS:
+    u = u[:, :-NUM_KEYS * hops]  # the rest is sliced as for 8 keys
 
   def key_of(lvl, keys):
     return key_token(lvl, np.take_along_axis(label[:, lvl], keys, axis=1))
