@@ -222,13 +222,16 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
         progress.set_postfix(loss=f"{mean['loss']:.3f}", tok_s=f'{tokens_per_second:,.0f}')
         window, window_start = [], time.perf_counter()
       progress.update(1)
+      done_early = False
       if step % config.eval_every == 0 and step < config.total_steps:
         evaluation = run_eval(state)
         writer.write(step, _scalars(evaluation))
         _report(is_chief, step, evaluation, progress)
+        done_early = task.stop_early(evaluation)
         window_start = time.perf_counter()  # evaluation time is not training throughput
       stopping = stop['signal'] is not None or step == config.exit_at_step
-      if stopping or step % config.checkpoint_every == 0 or step == config.total_steps:
+      if (stopping or done_early or step % config.checkpoint_every == 0
+          or step == config.total_steps):
         checkpointing.check_health(health, last_saved, workdir)  # never save a NaN state
         meta = _meta(config, step, _total_seconds(earlier_seconds, run_start))
         meta['metrics_window'] = checkpointing.window_to_json(jax.device_get(window))
@@ -240,6 +243,13 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
           print(f'ctr_jax: saved step {step} and stopped ({reason}); rerun to resume', flush=True)
         summary.update(step=step, interrupted=True)
         return summary
+      if done_early:
+        # The task says it is done (e.g. pointer chasing's stop_accuracy): the final
+        # evaluation and the summary follow as after the last step.
+        summary['stopped_early_at_step'] = step
+        if is_chief:
+          progress.write(f'ctr_jax: step {step}: the task is done; stopping early')
+        break
   finally:
     progress.close()
     if previous_handler is not None:

@@ -53,6 +53,10 @@ flags.DEFINE_float('time_budget_s', 0, 'If > 0: measure each model\'s step time 
 flags.DEFINE_integer('probe_steps', 20, 'Steps of each --time_budget_s probe run.')
 flags.DEFINE_bool('entry_targets', False, 'Train with the helper targets on index-table entries '
                   '(configs/pointer_chasing.py arg entry_targets=1); evaluation is unchanged.')
+flags.DEFINE_float('stop_accuracy', 0.0, 'If > 0: each run stops at the first periodic '
+                   'evaluation where every level and the final query reach this accuracy '
+                   '(configs/pointer_chasing.py arg stop_accuracy; the same workdir, so a run '
+                   'may resume with or without it). 0: every run trains --steps.')
 flags.DEFINE_bool('equals_targets', False, "Train with the helper targets on every entry's '=' "
                   '(configs/pointer_chasing.py arg equals_targets=1); evaluation is unchanged.')
 
@@ -90,28 +94,35 @@ def workdir_for(name: str, hops: int, root: str, used: tuple[str, ...] = (), see
 
 def command_for(name: str, hops: int, steps: int, workdir: str, used: tuple[str, ...] = (),
                 seed: int = 0, extra: tuple[str, ...] = (),
-                encoding: str = DEFAULT_ENCODING) -> list[str]:
+                encoding: str = DEFAULT_ENCODING, stop_accuracy: float = 0.0) -> list[str]:
   arg = (f'hops={hops},model={name},steps={steps}' + ''.join(f',{h}_targets=1' for h in used)
          + (f',seed={seed}' if seed else '')
-         + ('' if encoding == DEFAULT_ENCODING else f',encoding={encoding}'))
+         + ('' if encoding == DEFAULT_ENCODING else f',encoding={encoding}')
+         + (f',stop_accuracy={stop_accuracy:g}' if stop_accuracy > 0 else ''))
   return ['python', '-m', 'ctr_jax.main', f'--config=configs/pointer_chasing.py:{arg}',
           f'--workdir={repro_lib.shown(workdir)}', *extra]
 
 
+def finished(summary: dict, steps: int) -> bool:
+  """A run's summary.json reports `steps`, or that it stopped early with the task solved."""
+  return summary.get('step') == steps or 'stopped_early_at_step' in summary
+
+
 def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (), seed: int = 0,
         extra: tuple[str, ...] = (), train: bool = True,
-        encoding: str = DEFAULT_ENCODING) -> dict | None:
-  """Trains (or resumes) one model unless its summary already reports `steps`; its record."""
+        encoding: str = DEFAULT_ENCODING, stop_accuracy: float = 0.0) -> dict | None:
+  """Trains (or resumes) one model unless its summary says it finished; its record."""
   workdir = workdir_for(name, hops, root, used, seed, encoding)
   summary_path = os.path.join(workdir, 'summary.json')
   if train:
     done = False
     if os.path.exists(summary_path):
       with open(summary_path) as f:
-        done = json.load(f).get('step') == steps
+        done = finished(json.load(f), steps)
     if not done:
       repro_lib.execute_logged(
-          command_for(name, hops, steps, workdir, used, seed, extra, encoding), workdir)
+          command_for(name, hops, steps, workdir, used, seed, extra, encoding, stop_accuracy),
+          workdir)
   if not os.path.exists(summary_path):
     return None
   with open(summary_path) as f:
@@ -120,6 +131,7 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
   depth = int(re.search(r'\d+', name)[0])
   return {'model': name, 'hops': hops, **{f'{h}_targets': h in used for h in HELPERS},
           'seed': seed, 'encoding': encoding, 'steps': s['step'], 'depth': depth,
+          'stopped_early_at_step': s.get('stopped_early_at_step'),
           'kind': 'transformer' if name.startswith('t') else 'context_ready',
           'level_accuracy': s['level_accuracy'], 'final_query_accuracy': s['final_query_accuracy'],
           'table_key_accuracy': s['table_key_accuracy'], 'levels_solved': s['levels_solved'],
@@ -184,7 +196,10 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            'examples (chance 1/16). A level counts as solved above 90%. CRT models are evaluated',
            'with the exact sequential scan. Rows marked "+ entry" were trained with the helper',
            'targets on index-table entries (`entry_targets=1`), rows marked "+ equals" with those',
-           "on every entry's '=' (`equals_targets=1`); their evaluation is the same.", '',
+           "on every entry's '=' (`equals_targets=1`); their evaluation is the same.",
+           'Steps marked "(solved, stopped)": the run had `stop_accuracy` set and stopped at the',
+           'first periodic evaluation (256 examples) with every level and the final query at or',
+           'above it; the columns are its final evaluation at that step.', '',
            f'Machine: {machine_text}', '']
   for hops, encoding in sorted({(r['hops'], _encoding(r)) for r in runs},
                               key=lambda k: (k[0], k[1] != DEFAULT_ENCODING, k[1])):
@@ -210,8 +225,8 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
       loss = f"{r['train_loss']:.3f}" if r.get('train_loss') is not None else '?'
       lines.append(f"| {name} | {acc} | {r['final_query_accuracy']:.3f} | "
                    f"{r['table_key_accuracy']:.3f} | {r['levels_solved']}/{len(r['level_accuracy'])} "
-                   f"| {r['steps']} | "
-                   f"{loss} | {wall} |")
+                   f"| {r['steps']}{' (solved, stopped)' if r.get('stopped_early_at_step') else ''}"
+                   f" | {loss} | {wall} |")
     lines.append('')
   lines += ['![staircase](pointer_chasing.png)', '', NOTES_MARKER]
   path = os.path.join(docs, 'pointer_chasing.md')
@@ -276,7 +291,8 @@ def main(argv):
       print(f'WARNING: --steps={FLAGS.steps} does not fit --time_budget_s='
             f'{FLAGS.time_budget_s:g}; every model trains {steps} steps instead', flush=True)
   results = [r for r in (run(n, FLAGS.hops, steps, FLAGS.root, used, seed, extra,
-                             train=not FLAGS.report_only, encoding=FLAGS.encoding)
+                             train=not FLAGS.report_only, encoding=FLAGS.encoding,
+                             stop_accuracy=FLAGS.stop_accuracy)
                          for seed in range(FLAGS.seeds) for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')
   previous = []

@@ -103,6 +103,12 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   assert len(json.loads((tmp_path / 'pointer_chasing.json').read_text())) == 4
   assert (tmp_path / 'pointer_chasing.png').stat().st_size > 0
   assert len({sweep._key(r) for r in runs}) == 4  # pylint: disable=protected-access
+  # A run that stopped early, solved, is finished; one interrupted at the same step is not.
+  assert sweep.finished({'step': 1000, 'stopped_early_at_step': 1000}, 5000)
+  assert not sweep.finished({'step': 1000}, 5000) and sweep.finished({'step': 5000}, 5000)
+  sweep.write_report([{**runs[0], 'stopped_early_at_step': 10}], str(tmp_path), 'test machine')
+  assert '| 10 (solved, stopped) |' in md.read_text()
+  assert 'stop_accuracy=0.99' in ' '.join(sweep.command_for('t1', 2, 10, 'w', stop_accuracy=0.99))
 
 
 def test_gpu_sweep_script_fits_its_budget_and_records_commands(tmp_path):
@@ -224,3 +230,29 @@ def test_torch_cross_check_script_trains_and_records_its_command(tmp_path):
   assert set(record['final']) == {'L0', 'L1', 'final'}
   assert all(0 <= v <= 1 for v in record['final'].values())
   assert 'pointer_chasing_torch_check.py' in record['command']
+
+
+def test_stop_accuracy_ends_training_at_the_first_solved_evaluation(tmp_path, monkeypatch):
+  from ctr_jax.tasks import pointer_chasing as task_lib  # pylint: disable=g-import-not-at-top
+  evaluation = {'level_accuracy': {'L0': 1.0, 'L1': 0.99}, 'final_query_accuracy': 0.99}
+  assert task_lib.solved_everything(evaluation, 0.99)
+  assert not task_lib.solved_everything(evaluation, 0.995)
+  assert not task_lib.solved_everything({**evaluation, 'final_query_accuracy': 0.5}, 0.99)
+  assert not task_lib.solved_everything(evaluation, 0.0)  # 0: never stop
+  with pytest.raises(ValueError, match='config.data.stop_accuracy'):
+    train.train_and_evaluate(small('hops=1,model=t1,stop_accuracy=1.5'), str(tmp_path / 'bad'))
+  assert not (tmp_path / 'bad').exists()
+
+  seen = []
+
+  def stop_at_step_4(self, ev):  # what a model that solves the task at step 4 would report
+    seen.append((self.stop_accuracy, ev['eval_examples']))
+    return len(seen) == 2
+  monkeypatch.setattr(task_lib.PointerChasing, 'stop_early', stop_at_step_4)
+  summary = train.train_and_evaluate(
+      small('hops=1,model=t1,steps=10,stop_accuracy=0.99', total_steps=10), str(tmp_path / 'run'))
+  written = json.loads((tmp_path / 'run' / 'summary.json').read_text())
+  assert seen == [(0.99, 8), (0.99, 8)]  # periodic evaluations at steps 2 and 4
+  assert written['step'] == summary['step'] == 4 and written['stopped_early_at_step'] == 4
+  assert written['eval_examples'] == 16  # the final evaluation still ran
+  assert checkpointing.read_meta(str(tmp_path / 'run'))['step'] == 4

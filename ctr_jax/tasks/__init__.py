@@ -41,6 +41,10 @@ class Task(Protocol):
   def evaluate(self, model, params, *, to_global: Callable, final: bool) -> dict:
     """Evaluation results (nested dicts of scalars allowed); `final`: after training."""
 
+  def stop_early(self, evaluation: dict) -> bool:
+    """Whether a periodic evaluation shows the task done, so training may end before
+    config.total_steps (the trainer then saves, evaluates finally and writes the summary)."""
+
   def sample(self, model, params, config, rng) -> str:
     """Only when `has_sample`: a text sample of the trained model."""
 

@@ -164,6 +164,14 @@ def levels_solved(level_accuracy: Mapping[str, float], threshold: float = PASS_T
   return sum(1 for value in level_accuracy.values() if value > threshold)
 
 
+def solved_everything(evaluation: Mapping, stop_accuracy: float) -> bool:
+  """Every level and the final query at or above `stop_accuracy` (never when it is 0)."""
+  if stop_accuracy <= 0:
+    return False
+  scores = [*evaluation['level_accuracy'].values(), evaluation['final_query_accuracy']]
+  return min(scores) >= stop_accuracy
+
+
 class _BatchStream:
   """Endless, checkpointable stream of this process's share of each global batch."""
 
@@ -223,6 +231,10 @@ def validate_config(config) -> None:
     if config.data[helper] not in (True, False, 0, 1):
       raise ValueError(f'config.data.{helper}: got {config.data[helper]!r}, allowed '
                        '[True, False]')
+  stop_accuracy = config.data.get('stop_accuracy', 0.0)
+  if not isinstance(stop_accuracy, (int, float)) or not 0 <= stop_accuracy <= 1:
+    raise ValueError(f'config.data.stop_accuracy: got {stop_accuracy!r}, allowed a number in '
+                     '[0, 1] (0: train every step)')
   if config.pointer_eval_examples < 1:
     raise ValueError(f'config.pointer_eval_examples: must be >= 1, got '
                      f'{config.pointer_eval_examples}')
@@ -267,6 +279,7 @@ class PointerChasing:
     self.batch_size = config.batch_size
     self.recipe = train_step.Recipe.from_config(config.train)
     self.loss_over = config.data.get('loss_over', 'targets')
+    self.stop_accuracy = float(config.data.get('stop_accuracy', 0.0))
 
   def loss(self, model, params, batch, *, k_unroll, rng, deterministic):
     logits, _ = train_step.forward(model, params, batch['tokens'], self.recipe,
@@ -292,3 +305,7 @@ class PointerChasing:
             'table_level_accuracy': result['table_level_accuracy'],
             'levels_solved': levels_solved(result['level_accuracy']),
             'eval_examples': num}
+
+  def stop_early(self, evaluation: dict) -> bool:
+    """config.data.stop_accuracy > 0: every level and the final query reached it."""
+    return solved_everything(evaluation, self.stop_accuracy)
