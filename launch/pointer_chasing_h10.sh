@@ -15,8 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${POINTER_BUDGET_S:-420}"
 # The author's notes encoding ('tables': levels L0..L10, the version his recorded staircases
-# were scored on; docs/pointer_chasing.md, "Representability"), as the CPU staircases run.
-ARGS="${POINTER_ARGS:---hops=10 --encoding=tables --models=t1,t5,t9,t11,d1_bptt --steps=5000}"
+# were scored on; docs/pointer_chasing.md, "Representability") with his dense targets in our
+# reading (every position of every entry: --entry_targets --equals_targets; the reading under
+# which the H = 2 and H = 3 staircases appear on the CPU). A model that solves every level stops
+# at that evaluation (--stop_accuracy=0.99). Pass POINTER_ARGS without the two flags for the
+# key-only reading.
+ARGS="${POINTER_ARGS:---hops=10 --encoding=tables --entry_targets --equals_targets \
+--stop_accuracy=0.99 --models=t1,t5,t9,t11,d1_bptt --steps=5000}"
 if python -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi

@@ -181,7 +181,10 @@ def _encoding(r) -> str:
 def _name(r):
   """The row's model and helpers (its encoding is its table's title), with a non-zero seed."""
   seed = f" (seed {r['seed']})" if r.get('seed') else ''
-  return ' + '.join((r['model'],) + helpers(r)) + seed
+  used = helpers(r)
+  if set(used) == set(HELPERS):  # both: every entry position, our reading of "dense targets"
+    return f"{r['model']} + dense (entry + equals){seed}"
+  return ' + '.join((r['model'],) + used) + seed
 
 
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
@@ -196,7 +199,9 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            'examples (chance 1/16). A level counts as solved above 90%. CRT models are evaluated',
            'with the exact sequential scan. Rows marked "+ entry" were trained with the helper',
            'targets on index-table entries (`entry_targets=1`), rows marked "+ equals" with those',
-           "on every entry's '=' (`equals_targets=1`); their evaluation is the same.",
+           "on every entry's '=' (`equals_targets=1`), rows marked \"+ dense (entry + equals)\"",
+           "with both: targets on every position of every entry, our reading of the author's",
+           '"dense targets" (see the notes below); their evaluation is the same.',
            'Steps marked "(solved, stopped)": the run had `stop_accuracy` set and stopped at the',
            'first periodic evaluation (256 examples) with every level and the final query at or',
            'above it; the columns are its final evaluation at that step.', '',

@@ -106,7 +106,9 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   # A run that stopped early, solved, is finished; one interrupted at the same step is not.
   assert sweep.finished({'step': 1000, 'stopped_early_at_step': 1000}, 5000)
   assert not sweep.finished({'step': 1000}, 5000) and sweep.finished({'step': 5000}, 5000)
-  sweep.write_report([{**runs[0], 'stopped_early_at_step': 10}], str(tmp_path), 'test machine')
+  sweep.write_report([{**runs[0], 'stopped_early_at_step': 10, 'seed': 2,
+                       'entry_targets': True, 'equals_targets': True}], str(tmp_path), 'machine')
+  assert '| d1_bptt + dense (entry + equals) (seed 2) |' in md.read_text()
   assert '| 10 (solved, stopped) |' in md.read_text()
   assert 'stop_accuracy=0.99' in ' '.join(sweep.command_for('t1', 2, 10, 'w', stop_accuracy=0.99))
 
