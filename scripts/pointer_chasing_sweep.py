@@ -5,6 +5,8 @@
   python scripts/pointer_chasing_sweep.py --hops=3 --entry_targets --models=d1_bptt  # helpers
   python scripts/pointer_chasing_sweep.py --hops=3 --equals_targets --models=t3,t4,d1_bptt
   python scripts/pointer_chasing_sweep.py --hops=3 --models=d1_bptt --seeds=3
+  python scripts/pointer_chasing_sweep.py --hops=5 --models=d1_bptt --first_seed=2 --seeds=1  # seed 2
+  python scripts/pointer_chasing_sweep.py --hops=3 --stop_accuracy=0.99  # stop runs once solved
   python scripts/pointer_chasing_sweep.py --hops=3 --report_only   # re-read finished runs
   bash launch/pointer_chasing_h10.sh   # H = 10 on one GPU within a time budget (--time_budget_s)
 
@@ -46,6 +48,8 @@ flags.DEFINE_enum('encoding', pointer_chasing.ENCODINGS[0], list(pointer_chasing
                   'The task encoding (configs/pointer_chasing.py arg encoding; rows of a '
                   "non-default encoding get their own table in the report and their own workdirs).")
 flags.DEFINE_integer('seeds', 1, 'Seeds per model (0, 1, ...); seed 0 keeps the plain workdir.')
+flags.DEFINE_integer('first_seed', 0, 'The first seed of --seeds (e.g. --first_seed=2 --seeds=1 '
+                     'runs seed 2 only, so two sweeps can share the seeds of one model).')
 flags.DEFINE_float('time_budget_s', 0, 'If > 0: measure each model\'s step time with a short '
                    'probe run, then train every model for the same number of steps, at most '
                    '--steps, so that the sweep trains within this many seconds (a warning says '
@@ -298,7 +302,8 @@ def main(argv):
   results = [r for r in (run(n, FLAGS.hops, steps, FLAGS.root, used, seed, extra,
                              train=not FLAGS.report_only, encoding=FLAGS.encoding,
                              stop_accuracy=FLAGS.stop_accuracy)
-                         for seed in range(FLAGS.seeds) for n in names) if r]
+                         for seed in range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)
+                         for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')
   previous = []
   if os.path.exists(report):

@@ -121,17 +121,18 @@ def test_gpu_sweep_script_fits_its_budget_and_records_commands(tmp_path):
           '--config.pointer_eval_examples=16')
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
          'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT, 'POINTER_BUDGET_S': '0.05',
-         'POINTER_ARGS': '--hops=2 --models=t1 --steps=500 --probe_steps=4'}
+         'POINTER_ARGS': '--hops=2 --models=t1 --steps=500 --probe_steps=4 --first_seed=1 '
+                         '--stop_accuracy=0.99'}
   out = subprocess.run(['bash', 'launch/pointer_chasing_h10.sh', f'--root={tmp_path}/runs',
                         f'--docs={tmp_path}/docs', f'--extra={tiny}'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'WARNING: --steps=500 does not fit' in out.stdout
   [row] = json.loads((tmp_path / 'docs' / 'pointer_chasing.json').read_text())
-  assert 1 <= row['steps'] < 500
+  assert 1 <= row['steps'] < 500 and row['seed'] == 1  # --first_seed=1: seed 1 only
   assert row['command'] == (
       f"python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=2,model=t1,"
-      f"steps={row['steps']} --workdir={tmp_path}/runs/h2_t1 {tiny}")
+      f"steps={row['steps']},seed=1,stop_accuracy=0.99 --workdir={tmp_path}/runs/h2_t1_s1 {tiny}")
   assert [i['resumed_from_step'] for i in row['invocations']] == [None]
 
 
