@@ -4,7 +4,8 @@ and the generated sections of docs/reproduction.md.
 A run is one `python -m ctr_jax.main --config=configs/repro.py:...` in its own workdir. Running
 it again resumes it (the trainer restores the latest checkpoint) or, once its summary.json
 reports the last step, skips it. Every launch appends a line to the workdir's
-`invocations.jsonl` (the exact command, the step it resumed from, exit code, seconds), so a
+`invocations.jsonl` (the exact command, the step it resumed from, exit code, seconds; written
+when the launch starts, so a killed driver leaves it too, with a null exit code), so a
 results file lists every command that made a run, resumes included.
 """
 
@@ -95,16 +96,50 @@ def execute(run: Run, root: str, extra: tuple = ()) -> int:
 
 def execute_logged(command: list[str], workdir: str) -> int:
   """Runs `python -m ctr_jax.main ...` (command[0] is shown as 'python', run with this
-  interpreter) from the repository root and appends the launch to the workdir's ledger."""
+  interpreter) from the repository root and records the launch in the workdir's ledger.
+
+  The line is written as soon as the workdir exists (`exit_code` and `seconds` null) and
+  completed when the trainer exits, so a launch whose driver is killed (SIGKILL, a session's
+  end) stays on record with the step it resumed from.
+  """
   resumed_from = latest_checkpoint(workdir)
   print('+', ' '.join(command), flush=True)
   start = time.time()
-  code = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=False).returncode
-  if os.path.isdir(workdir):
-    with open(os.path.join(workdir, 'invocations.jsonl'), 'a') as f:
-      f.write(json.dumps({'command': ' '.join(command), 'resumed_from_step': resumed_from,
-                          'exit_code': code, 'seconds': round(time.time() - start, 1)}) + '\n')
+  entry = {'command': ' '.join(command), 'resumed_from_step': resumed_from, 'exit_code': None,
+           'seconds': None}
+  ledger = os.path.join(workdir, 'invocations.jsonl')
+  recorded = False
+  process = subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT)
+  while True:
+    if not recorded and os.path.isdir(workdir):  # the trainer creates a fresh workdir itself
+      _append_jsonl(ledger, entry)
+      recorded = True
+    try:
+      code = process.wait(timeout=1.0)
+      break
+    except subprocess.TimeoutExpired:
+      continue
+  entry.update(exit_code=code, seconds=round(time.time() - start, 1))
+  if recorded:
+    _replace_last_jsonl(ledger, entry)
+  elif os.path.isdir(workdir):
+    _append_jsonl(ledger, entry)
   return code
+
+
+def _append_jsonl(path: str, row: dict) -> None:
+  with open(path, 'a') as f:
+    f.write(json.dumps(row) + '\n')
+
+
+def _replace_last_jsonl(path: str, row: dict) -> None:
+  """Rewrites the ledger's last line (the launch that just ended), atomically."""
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  lines[-1] = json.dumps(row) + '\n'
+  with open(path + '.tmp', 'w') as f:
+    f.writelines(lines)
+  os.replace(path + '.tmp', path)
 
 
 def _read_jsonl(path: str) -> list[dict]:

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import pytest
 
@@ -97,3 +98,29 @@ def test_one_seed_gaps_are_never_worded_as_no_difference():
                           [_record('b', s, p) for s, p in enumerate([32.0, 32.0])],
                           repro_lib.final_ppl)  # deltas -1, +1.5: within two sigma
   assert repro_studies.outcome_words(two, 'converted') == 'inconclusive, converted higher on average'
+
+
+def test_a_launch_is_on_the_ledger_while_it_runs_and_completed_after(tmp_path):
+  """A driver killed mid-run (SIGKILL, a session's end) must still leave its launch on record."""
+  import threading  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  ledger = workdir / 'invocations.jsonl'
+  gate = tmp_path / 'gate'
+  script = (f'import os, time; os.makedirs({str(workdir)!r})\n'
+            f'while not os.path.exists({str(gate)!r}): time.sleep(0.05)')
+  codes = []
+  thread = threading.Thread(target=lambda: codes.append(
+      repro_lib.execute_logged(['python', '-c', script], str(workdir))))
+  thread.start()
+  deadline = time.time() + 60
+  while not ledger.exists() and time.time() < deadline:
+    time.sleep(0.1)
+  [running] = [json.loads(line) for line in ledger.read_text().splitlines()]
+  assert running['exit_code'] is None and running['seconds'] is None
+  assert running['resumed_from_step'] is None and running['command'].startswith('python -c')
+  gate.touch()
+  thread.join(timeout=60)
+  [done] = [json.loads(line) for line in ledger.read_text().splitlines()]
+  assert codes == [0] and done['exit_code'] == 0 and done['seconds'] >= 0
+  assert {k: v for k, v in done.items() if k not in ('exit_code', 'seconds')} == {
+      k: v for k, v in running.items() if k not in ('exit_code', 'seconds')}
