@@ -108,38 +108,27 @@ def execute_logged(command: list[str], workdir: str) -> int:
   entry = {'command': ' '.join(command), 'resumed_from_step': resumed_from, 'exit_code': None,
            'seconds': None}
   ledger = os.path.join(workdir, 'invocations.jsonl')
-  recorded = False
   process = subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT)
-  while True:
-    if not recorded and os.path.isdir(workdir):  # the trainer creates a fresh workdir itself
-      _append_jsonl(ledger, entry)
-      recorded = True
-    try:
-      code = process.wait(timeout=1.0)
-      break
-    except subprocess.TimeoutExpired:
-      continue
-  entry.update(exit_code=code, seconds=round(time.time() - start, 1))
+  while process.poll() is None and not os.path.isdir(workdir):  # the trainer creates it
+    time.sleep(0.2)
+  recorded = os.path.isdir(workdir)
   if recorded:
-    _replace_last_jsonl(ledger, entry)
-  elif os.path.isdir(workdir):
-    _append_jsonl(ledger, entry)
+    with open(ledger, 'a') as f:
+      f.write(json.dumps(entry) + '\n')
+  code = process.wait()
+  if recorded:
+    entry.update(exit_code=code, seconds=round(time.time() - start, 1))
+    _replace_last_line(ledger, json.dumps(entry))
   return code
 
 
-def _append_jsonl(path: str, row: dict) -> None:
-  with open(path, 'a') as f:
-    f.write(json.dumps(row) + '\n')
-
-
-def _replace_last_jsonl(path: str, row: dict) -> None:
+def _replace_last_line(path: str, line: str) -> None:
   """Rewrites the ledger's last line (the launch that just ended), atomically."""
+  from ctr_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   with open(path) as f:
-    lines = [line for line in f if line.strip()]
-  lines[-1] = json.dumps(row) + '\n'
-  with open(path + '.tmp', 'w') as f:
-    f.writelines(lines)
-  os.replace(path + '.tmp', path)
+    lines = [l for l in f if l.strip()]
+  lines[-1] = line + '\n'
+  workdir_lib.write_bytes_atomic(path, ''.join(lines).encode())
 
 
 def _read_jsonl(path: str) -> list[dict]:
