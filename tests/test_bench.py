@@ -4,6 +4,7 @@ asserted, only that every section produces its numbers and the report is written
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -103,12 +104,14 @@ def test_peer_comparisons_are_paired_and_judged(monkeypatch):
   from ctr_jax.bench import peer, report, runner, timing  # pylint: disable=g-import-not-at-top
   calls = []
 
+  # The fakes take measurable time, so no ratio is a division by a timer's zero.
   def fake_step():
     calls.append('peer_step')
+    time.sleep(1e-3)
 
   def fake_generate_runner(**kw):
     assert kw['batch'] == 1 and kw['prompt_len'] == 4
-    return lambda n: calls.append(('peer_generate', n))
+    return lambda n: calls.append(('peer_generate', n)) or time.sleep(1e-4 * n)
 
   monkeypatch.setattr(peer, 'available', lambda: '')
   monkeypatch.setattr(peer, 'label', lambda: 'fake peer')

@@ -143,10 +143,15 @@ def verdicts(r: dict) -> list[str]:
     lines.append(f"- Training at the peer's shape: {_met(value, goals['train_vs_peer'])}.")
   if 'generate_vs_peer' in goals and r.get('generate'):
     for x in r['generate']:
+      if 'peer' not in x:
+        lines.append(f"- `generate`, B = {x['batch']}: not measured (no peer).")
+        continue
+      marginal = x.get('vs_peer_marginal')
+      # A ratio of None means our marginal time was zero: too small to resolve, not absent.
+      marginal = f'{marginal:.2f}×' if marginal is not None else 'unresolved'
       lines.append(f"- `generate`, whole calls, B = {x['batch']}: "
                    f"{_met(x.get('vs_peer_whole'), goals['generate_vs_peer'])}; marginal per "
-                   f"token {x['vs_peer_marginal']:.2f}×." if x.get('vs_peer_marginal') else
-                   f"- `generate`, B = {x['batch']}: not measured (no peer).")
+                   f"token {marginal}.")
   if 'chunked_vs_scan' in goals and r.get('chunked'):
     limit = goals.get('chunked_max_logit_diff', 1e-3)
     for entry in r['chunked']:
