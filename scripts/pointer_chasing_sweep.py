@@ -143,7 +143,9 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
           'eval_examples': s.get('eval_examples'),
           # The last launch; a resume is listed in `invocations` with the step it resumed from.
           'command': launches[-1]['command'] if launches else None,
-          'invocations': launches}
+          'invocations': launches,
+          # Ledgers before 2026-12-02 did not record the machine: those rows have none.
+          'machines': sorted({l['machine'] for l in launches if l.get('machine')})}
 
 
 def probe_step_seconds(name: str, hops: int, root: str, probe_steps: int,
@@ -191,6 +193,13 @@ def _name(r):
   return ' + '.join((r['model'],) + used) + seed
 
 
+def short_machine(text: str) -> str:
+  """'Intel(R) Xeon(R) Processor, 2 logical cores' -> 'Intel Xeon, 2 cores': a table cell."""
+  cpu, _, cores = text.partition(', ')
+  words = [w for w in re.sub(r'\(R\)|\(TM\)|CPU|Processor|@.*', '', cpu).split() if w]
+  return ' '.join(words[:3]) + (f", {cores.split()[0]} cores" if cores else '')
+
+
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
   runs = sorted(runs, key=lambda r: (r['hops'], helpers(r), r['kind'] != 'transformer',
                                      r['depth'], r['model']))
@@ -209,7 +218,9 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            'Steps marked "(solved, stopped)": the run had `stop_accuracy` set and stopped at the',
            'first periodic evaluation (256 examples) with every level and the final query at or',
            'above it; the columns are its final evaluation at that step.', '',
-           f'Machine: {machine_text}', '']
+           'The machine column is the CPU each run trained on, from its launches\' ledger',
+           '("not recorded": a run from before 2026-12-02, when the ledger did not record it).',
+           '', f'This report was written on: {machine_text}', '']
   for hops, encoding in sorted({(r['hops'], _encoding(r)) for r in runs},
                               key=lambda k: (k[0], k[1] != DEFAULT_ENCODING, k[1])):
     rows = [r for r in runs if r['hops'] == hops and _encoding(r) == encoding]
@@ -224,18 +235,19 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
       title += f' (`encoding={encoding}`)'
     lines += [title, '',
               '| model | ' + ' | '.join(levels) + ' | final query | table keys | solved | steps '
-              '| train loss | wall time |',
-              '|' + '---|' * (len(levels) + 7)]
+              '| train loss | wall time | machine |',
+              '|' + '---|' * (len(levels) + 8)]
     for r in rows:
       acc = ' | '.join(f"{r['level_accuracy'][l]:.3f}" if l in r['level_accuracy'] else '–'
                        for l in levels)
       wall = f"{r['wall_time_seconds'] / 60:.1f} min" if r['wall_time_seconds'] else '?'
       name = _name(r)
       loss = f"{r['train_loss']:.3f}" if r.get('train_loss') is not None else '?'
+      machines = ' + '.join(map(short_machine, r.get('machines') or ())) or 'not recorded'
       lines.append(f"| {name} | {acc} | {r['final_query_accuracy']:.3f} | "
                    f"{r['table_key_accuracy']:.3f} | {r['levels_solved']}/{len(r['level_accuracy'])} "
                    f"| {r['steps']}{' (solved, stopped)' if r.get('stopped_early_at_step') else ''}"
-                   f" | {loss} | {wall} |")
+                   f" | {loss} | {wall} | {machines} |")
     lines.append('')
   lines += ['![staircase](pointer_chasing.png)', '', NOTES_MARKER]
   path = os.path.join(docs, 'pointer_chasing.md')

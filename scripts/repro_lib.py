@@ -4,7 +4,8 @@ and the generated sections of docs/reproduction.md.
 A run is one `python -m ctr_jax.main --config=configs/repro.py:...` in its own workdir. Running
 it again resumes it (the trainer restores the latest checkpoint) or, once its summary.json
 reports the last step, skips it. Every launch appends a line to the workdir's
-`invocations.jsonl` (the exact command, the step it resumed from, exit code, seconds; written
+`invocations.jsonl` (the exact command, the step it resumed from, exit code, seconds, the
+machine; written
 when the launch starts, so a killed driver leaves it too, with a null exit code), so a
 results file lists every command that made a run, resumes included.
 """
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -94,6 +96,18 @@ def execute(run: Run, root: str, extra: tuple = ()) -> int:
   return execute_logged(run.command(root, extra), run.workdir(root))
 
 
+def host() -> str:
+  """CPU model and logical cores of this machine: what a launch ran on, for its ledger line."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+    cpu = names[0] if names else cpu
+  except OSError:
+    pass
+  return f'{cpu}, {os.cpu_count()} logical cores'
+
+
 def execute_logged(command: list[str], workdir: str) -> int:
   """Runs `python -m ctr_jax.main ...` (command[0] is shown as 'python', run with this
   interpreter) from the repository root and records the launch in the workdir's ledger.
@@ -106,7 +120,7 @@ def execute_logged(command: list[str], workdir: str) -> int:
   print('+', ' '.join(command), flush=True)
   start = time.time()
   entry = {'command': ' '.join(command), 'resumed_from_step': resumed_from, 'exit_code': None,
-           'seconds': None}
+           'seconds': None, 'machine': host()}
   ledger = os.path.join(workdir, 'invocations.jsonl')
   process = subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT)
   while process.poll() is None and not os.path.isdir(workdir):  # the trainer creates it

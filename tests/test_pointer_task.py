@@ -110,6 +110,12 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
                        'entry_targets': True, 'equals_targets': True}], str(tmp_path), 'machine')
   assert '| d1_bptt + dense (entry + equals) (seed 2) |' in md.read_text()
   assert '| 10 (solved, stopped) |' in md.read_text()
+  assert '| 1.0 min | not recorded |' in md.read_text()
+  sweep.write_report([{**runs[0], 'machines': ['Intel(R) Xeon(R) Processor, 2 logical cores']}],
+                     str(tmp_path), 'machine')
+  assert '| 1.0 min | Intel Xeon, 2 cores |' in md.read_text()
+  assert sweep.short_machine('AMD EPYC 7B13 64-Core Processor, 2 logical cores') == (
+      'AMD EPYC 7B13, 2 cores')
   assert 'stop_accuracy=0.99' in ' '.join(sweep.command_for('t1', 2, 10, 'w', stop_accuracy=0.99))
 
 

@@ -118,6 +118,7 @@ def test_a_launch_is_on_the_ledger_while_it_runs_and_completed_after(tmp_path):
   [running] = [json.loads(line) for line in ledger.read_text().splitlines()]
   assert running['exit_code'] is None and running['seconds'] is None
   assert running['resumed_from_step'] is None and running['command'].startswith('python -c')
+  assert running['machine'] == repro_lib.host() and 'logical cores' in running['machine']
   gate.touch()
   thread.join(timeout=60)
   [done] = [json.loads(line) for line in ledger.read_text().splitlines()]
