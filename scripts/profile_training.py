@@ -45,6 +45,9 @@ def _define_flags():
   flags.DEFINE_integer('seq_len', 256, 'T.')
   flags.DEFINE_integer('batch', 8, 'B.')
   flags.DEFINE_integer('steps', 3, 'Profiled steps (after 2 warm-up steps).')
+  flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
+                    "Products' precision on both sides (bfloat16: our dtype, the peer's autocast; "
+                    'parameters stay float32).')
 
 
 CATEGORIES = ('dense matmuls, forward', 'dense matmuls, backward', 'attention matmuls',
@@ -168,7 +171,7 @@ def profile_torch(fields, seq_len, batch, steps):
   from ctr_jax.bench import peer  # pylint: disable=g-import-not-at-top
   step = peer.train_step_fn(width=fields['width'], depth=fields['depth'],
                             heads=fields['num_heads'], vocab=fields['vocab_size'],
-                            seq_len=seq_len, batch=batch)
+                            seq_len=seq_len, batch=batch, dtype=fields.get('dtype', 'float32'))
   for _ in range(2):
     step()
   with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -221,14 +224,15 @@ def _print_table(results):
 def main(argv):
   del argv
   f = FLAGS
-  fields = base.peer_shape(width=f.width, depth=f.depth, num_heads=f.heads, vocab_size=f.vocab)
+  fields = base.peer_shape(width=f.width, depth=f.depth, num_heads=f.heads, vocab_size=f.vocab,
+                           dtype=f.dtype)
   results = {}
   if f.side in ('both', 'jax'):
     results['jax'] = profile_jax(fields, f.seq_len, f.batch, f.steps)
   if f.side in ('both', 'torch'):
     results['torch'] = profile_torch(fields, f.seq_len, f.batch, f.steps)
   print(f'training step, C={f.width} N={f.depth} heads={f.heads} V={f.vocab} T={f.seq_len} '
-        f'B={f.batch}, {f.steps} profiled steps')
+        f'B={f.batch}, {f.dtype}, {f.steps} profiled steps')
   _print_table(results)
 
 

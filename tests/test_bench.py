@@ -114,7 +114,7 @@ def test_peer_comparisons_are_paired_and_judged(monkeypatch):
     return lambda n: calls.append(('peer_generate', n)) or time.sleep(1e-4 * n)
 
   monkeypatch.setattr(peer, 'available', lambda: '')
-  monkeypatch.setattr(peer, 'label', lambda: 'fake peer')
+  monkeypatch.setattr(peer, 'label', lambda dtype='float32': 'fake peer')
   monkeypatch.setattr(peer, 'train_step_fn', lambda **kw: fake_step)
   monkeypatch.setattr(peer, 'generate_runner', fake_generate_runner)
   from ctr_jax.bench import suite  # pylint: disable=g-import-not-at-top
@@ -207,3 +207,31 @@ def test_truncated_backpropagation_counts_only_its_backward_flops():
   head = 3 * 2 * 128 * 64
   one = suite.training_flops_per_token(spec, 32, 4, grad_iterations=1)
   assert abs((one - head) / (full - head) - (4 + 2) / (3 * 4)) < 1e-12
+
+
+def test_bf16_bench_config_validates_and_the_peer_follows_its_dtype():
+  """configs/bench/cpu_bf16.py is a valid bench config in bfloat16; with torch installed the
+  peer's training step and `generate` run under bf16 autocast (its products in bfloat16)."""
+  from configs.bench import cpu_bf16  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import peer, runner  # pylint: disable=g-import-not-at-top
+  config = cpu_bf16.get_config()
+  runner.validate(config)
+  assert config.dtype == 'bfloat16' and config.peer.matched_label in {
+      t['label'] for t in config.train}
+  assert cpu_bf16.get_config('runlocal').dtype == 'bfloat16'
+  torch = pytest.importorskip('torch')
+  pytest.importorskip('transformers')
+  shape = {'width': 32, 'depth': 1, 'heads': 2, 'vocab': 64}
+  seen = []
+  step = peer.train_step_fn(**shape, seq_len=8, batch=2, dtype='bfloat16')
+  with pytest.raises(ValueError, match='allowed'):
+    peer.train_step_fn(**shape, seq_len=8, batch=2, dtype='float16')()
+  handle = torch.nn.modules.module.register_module_forward_hook(
+      lambda module, args, out: seen.append(out.dtype) if torch.is_tensor(out) else None)
+  try:
+    step()
+    peer.generate_runner(**shape, batch=1, prompt_len=4, max_len=8, dtype='bfloat16')(2)
+  finally:
+    handle.remove()
+  assert torch.bfloat16 in seen
+  assert 'bf16 autocast' in peer.label('bfloat16') and 'bf16' not in peer.label()

@@ -3,9 +3,27 @@
 Optional: needs the `bench` extra (`pip install -e ".[bench]"`: the torch CPU build and
 transformers). Without it the peer rows are skipped with a note, not an error. Dropout is off,
 threads = all cores (torch's default), AdamW, and `generate` with the KV cache, greedy.
+
+`dtype` follows the bench's: 'bfloat16' runs the peer's forward passes under
+`torch.autocast('cpu', torch.bfloat16)` (float32 parameters and optimizer, bfloat16 products),
+the same mixed precision as our model's `dtype='bfloat16'` with `param_dtype='float32'`.
 """
 
+import contextlib
+
 from ctr_jax.bench import timing
+
+DTYPES = ('float32', 'bfloat16')
+
+
+def _precision(dtype: str):
+  """The context the peer's forward runs in for the bench's `dtype`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  if dtype not in DTYPES:
+    raise ValueError(f'peer dtype: got {dtype!r}, allowed {list(DTYPES)}')
+  if dtype == 'float32':
+    return contextlib.nullcontext()
+  return torch.autocast('cpu', dtype=torch.bfloat16)
 
 
 def available() -> str:
@@ -18,9 +36,10 @@ def available() -> str:
   return ''
 
 
-def label() -> str:
+def label(dtype: str = 'float32') -> str:
   import torch  # pylint: disable=g-import-not-at-top
-  return f'HF GPT-2, torch {torch.__version__} ({torch.get_num_threads()} threads)'
+  precision = ', bf16 autocast' if dtype == 'bfloat16' else ''
+  return f'HF GPT-2, torch {torch.__version__} ({torch.get_num_threads()} threads{precision})'
 
 
 def _model(width: int, depth: int, heads: int, vocab: int, max_len: int):
@@ -33,7 +52,8 @@ def _model(width: int, depth: int, heads: int, vocab: int, max_len: int):
   return GPT2LMHeadModel(config)
 
 
-def train_step_fn(*, width: int, depth: int, heads: int, vocab: int, seq_len: int, batch: int):
+def train_step_fn(*, width: int, depth: int, heads: int, vocab: int, seq_len: int, batch: int,
+                  dtype: str = 'float32'):
   """One AdamW training step of the peer (forward, cross-entropy, backward, clipping), as a
   closure; the benchmark and `scripts/profile_training.py` time this same step."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -44,8 +64,10 @@ def train_step_fn(*, width: int, depth: int, heads: int, vocab: int, seq_len: in
   inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
   def step():
-    logits = model(inputs).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    with _precision(dtype):
+      logits = model(inputs).logits
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab),
+                                             targets.reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -55,7 +77,7 @@ def train_step_fn(*, width: int, depth: int, heads: int, vocab: int, seq_len: in
 
 
 def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int, prompt_len: int,
-                   new_tokens: int, warmup: int, repeats: int) -> dict:
+                   new_tokens: int, warmup: int, repeats: int, dtype: str = 'float32') -> dict:
   """Marginal ms per generated position of `model.generate` (greedy, KV cache)."""
   import torch  # pylint: disable=g-import-not-at-top
   model = _model(width, depth, heads, vocab, max(prompt_len + new_tokens + 1, 1024))
@@ -64,7 +86,7 @@ def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int
   mask = torch.ones_like(prompt)
 
   def run(n):
-    with torch.inference_mode():
+    with torch.inference_mode(), _precision(dtype):
       model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                      do_sample=False, use_cache=True, pad_token_id=0)
 
@@ -73,7 +95,7 @@ def decode_latency(*, width: int, depth: int, heads: int, vocab: int, batch: int
 
 
 def generate_runner(*, width: int, depth: int, heads: int, vocab: int, batch: int,
-                    prompt_len: int, max_len: int):
+                    prompt_len: int, max_len: int, dtype: str = 'float32'):
   """`call(n)`: `model.generate` of n greedy tokens (KV cache) after a random prompt."""
   import torch  # pylint: disable=g-import-not-at-top
   model = _model(width, depth, heads, vocab, max(max_len, 1024))
@@ -82,7 +104,7 @@ def generate_runner(*, width: int, depth: int, heads: int, vocab: int, batch: in
   mask = torch.ones_like(prompt)
 
   def call(n):
-    with torch.inference_mode():
+    with torch.inference_mode(), _precision(dtype):
       return model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                             do_sample=False, use_cache=True, pad_token_id=0)
 

@@ -152,7 +152,7 @@ def run(config, log=print) -> dict:
           p = config.peer
           theirs = peer.decode_latency(width=p.width, depth=p.depth, heads=p.heads,
                                        vocab=p.vocab, batch=batch, prompt_len=d.prompt_len,
-                                       new_tokens=d.new_tokens, **reps)
+                                       new_tokens=d.new_tokens, dtype=config.dtype, **reps)
           row['vs_peer'] = _ratio(theirs['ms_per_token'], row['ms_per_token'])
           results['decode'].append(row)
           results['decode'].append({'label': 'HF GPT-2 generate (peer shape)', 'batch': batch,
@@ -203,14 +203,14 @@ def _paired_training(config, results, ours, reps, log) -> dict:
   p = config.peer
   matched = next((t for t in results['train'] if t['label'] == p.matched_label), None)
   theirs = peer.train_step_fn(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
-                              seq_len=p.seq_len, batch=p.batch)
+                              seq_len=p.seq_len, batch=p.batch, dtype=config.dtype)
   fns = {'peer': theirs}
   if ours is not None:
     fns['ours'] = ours
   times = timing.interleaved_seconds(fns, warmup=reps['warmup'],
                                      repeats=max(reps['repeats'], p.rounds))
   seconds = statistics.median(times['peer'])
-  row = {'label': peer.label(),
+  row = {'label': peer.label(config.dtype),
          'k': 0, 'm': 0, 'seq_len': p.seq_len, 'batch': p.batch, 'params': None,
          'step_ms': 1e3 * seconds, 'tokens_per_second': p.batch * p.seq_len / seconds,
          'rounds': len(times['peer'])}
@@ -236,7 +236,7 @@ def _generate_row(config, batch, peer_missing, reps, log) -> dict:
     p = config.peer
     theirs = peer.generate_runner(width=p.width, depth=p.depth, heads=p.heads, vocab=p.vocab,
                                   batch=batch, prompt_len=g.prompt_len,
-                                  max_len=g.prompt_len + n + 1)
+                                  max_len=g.prompt_len + n + 1, dtype=config.dtype)
     fns.update(peer=lambda: theirs(n), peer_1=lambda: theirs(1))
   times = timing.interleaved_seconds(fns, warmup=reps['warmup'],
                                      repeats=max(reps['repeats'], config.peer.rounds))

@@ -1,0 +1,79 @@
+"""How fast XLA:CPU multiplies in float32 and in bfloat16, at a square size and at the shapes of
+the peer-shape training step (M = B·T = 2048 tokens, C = 512, MLP 4C = 2048, V = 4096).
+
+  python scripts/matmul_dtypes.py
+  python scripts/matmul_dtypes.py --tokens=512 --repeats=9
+
+Prints one row per shape and weight layout: GFLOP/s of the jitted product in float32, in bfloat16
+with bfloat16 output (what a `dtype='bfloat16'` layer computes) and in bfloat16 with float32
+accumulation, and the faster bfloat16 ÷ float32 speed. Written to explain docs/benchmarks.md's `cpu_bf16` section: on a
+CPU with bfloat16 matrix units (AMX) the peer's bf16 autocast step is much faster than its float32
+one, ours is not. Medians of `--repeats` timed calls after one warm-up call.
+"""
+
+import statistics
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer('tokens', 2048, 'M: rows of the activations (B·T).')
+flags.DEFINE_integer('repeats', 7, 'Timed calls per product.')
+
+
+def seconds(fn, *args) -> float:
+  fn(*args).block_until_ready()
+  times = []
+  for _ in range(FLAGS.repeats):
+    start = time.perf_counter()
+    fn(*args).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+VARIANTS = (('float32', jnp.float32, None), ('bf16', jnp.bfloat16, None),
+            ('bf16, f32 acc', jnp.bfloat16, jnp.float32))
+
+
+def rates(m: int, k: int, n: int, layout: str) -> dict[str, float]:
+  """GFLOP/s of x [m, k] times a weight stored [out, in] (x W^T, `kernel_layout='out_in'`) or
+  [in, out] (x K, `kernel_layout='in_out'`)."""
+  flops = 2 * m * k * n
+  out = {}
+  for name, dtype, acc in VARIANTS:
+    x = jax.random.normal(jax.random.key(0), (m, k), dtype)
+    if layout == 'out_in':
+      w = jax.random.normal(jax.random.key(1), (n, k), dtype)
+      product = jax.jit(lambda x, w, acc=acc: jnp.matmul(x, w.T, preferred_element_type=acc))
+    else:
+      w = jax.random.normal(jax.random.key(1), (k, n), dtype)
+      product = jax.jit(lambda x, w, acc=acc: jnp.matmul(x, w, preferred_element_type=acc))
+    out[name] = flops / seconds(product, x, w) / 1e9
+  return out
+
+
+def main(argv):
+  del argv
+  m = FLAGS.tokens
+  shapes = [('square 2048', 2048, 2048, 2048), ('q/k/v/out: C -> C', m, 512, 512),
+            ('MLP in: C -> 4C', m, 512, 2048), ('MLP out: 4C -> C', m, 2048, 512),
+            ('head: C -> V', m, 512, 4096)]
+  device = jax.devices()[0]
+  print(f'{device.platform} ({device.device_kind}), {jax.device_count()} device(s), '
+        f'jax {jax.__version__}')
+  print('| product | weight layout | M | K | N | float32 GFLOP/s | bf16 GFLOP/s '
+        '| bf16, f32 acc GFLOP/s | best bf16 ÷ float32 |')
+  print('|---|---|---|---|---|---|---|---|---|')
+  for label, mm, k, n in shapes:
+    for layout in ('out_in', 'in_out'):
+      r = rates(mm, k, n, layout)
+      best = max(r['bf16'], r['bf16, f32 acc'])
+      print(f"| {label} | {layout} | {mm} | {k} | {n} | {r['float32']:.0f} | {r['bf16']:.0f} | "
+            f"{r['bf16, f32 acc']:.0f} | {best / r['float32']:.2f}x |", flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)
