@@ -3,15 +3,25 @@ the peer-shape training step (M = B·T = 2048 tokens, C = 512, MLP 4C = 2048, V 
 
   python scripts/matmul_dtypes.py
   python scripts/matmul_dtypes.py --tokens=512 --repeats=9
+  python scripts/matmul_dtypes.py --step_dots     # the operand types of the bf16 step's dots
 
 Prints one row per shape and weight layout: GFLOP/s of the jitted product in float32, in bfloat16
 with bfloat16 output (what a `dtype='bfloat16'` layer computes) and in bfloat16 with float32
 accumulation, and the faster bfloat16 ÷ float32 speed. Written to explain docs/benchmarks.md's `cpu_bf16` section: on a
 CPU with bfloat16 matrix units (AMX) the peer's bf16 autocast step is much faster than its float32
 one, ours is not. Medians of `--repeats` timed calls after one warm-up call.
+
+`--step_dots` compiles the benchmark's bfloat16 training step at the peer's shape
+(`ctr_jax.bench.suite.train_step_and_state`, `dtype='bfloat16'`) and counts the dot products of
+its optimised HLO by operand and result types: what XLA:CPU actually multiplies.
 """
 
+import collections
+import re
+
+import os
 import statistics
+import sys
 import time
 
 from absl import app
@@ -19,9 +29,29 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('tokens', 2048, 'M: rows of the activations (B·T).')
 flags.DEFINE_integer('repeats', 7, 'Timed calls per product.')
+flags.DEFINE_bool('step_dots', False, "Count the bf16 training step's dots by operand types.")
+
+
+def step_dot_types() -> collections.Counter:
+  """(lhs type, rhs type, result type) -> count over the dots of the compiled bf16 step."""
+  from configs.bench import base  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import suite  # pylint: disable=g-import-not-at-top
+  step, state, tokens, _, _ = suite.train_step_and_state(
+      base.peer_shape(dtype='bfloat16'), seq_len=256, batch=8, k_unroll=0)
+  text = step.lower(state, tokens).compile().as_text()
+  types = {}  # instruction name -> element type, within each computation (names are unique)
+  for name, dtype in re.findall(r'%([\w.\-]+) = (\w+)\[', text):
+    types[name] = dtype
+  counts = collections.Counter()
+  for result, lhs, rhs in re.findall(r'= (\w+)\[[^\]]*\][^ ]* dot\(%([\w.\-]+), %([\w.\-]+)\)',
+                                     text):
+    counts[(types.get(lhs, '?'), types.get(rhs, '?'), result)] += 1
+  return counts
 
 
 def seconds(fn, *args) -> float:
@@ -57,6 +87,12 @@ def rates(m: int, k: int, n: int, layout: str) -> dict[str, float]:
 
 def main(argv):
   del argv
+  if FLAGS.step_dots:
+    print('| lhs | rhs | result | dots in the compiled bf16 training step |')
+    print('|---|---|---|---|')
+    for (lhs, rhs, result), n in sorted(step_dot_types().items()):
+      print(f'| {lhs} | {rhs} | {result} | {n} |')
+    return
   m = FLAGS.tokens
   shapes = [('square 2048', 2048, 2048, 2048), ('q/k/v/out: C -> C', m, 512, 512),
             ('MLP in: C -> 4C', m, 512, 2048), ('MLP out: 4C -> C', m, 2048, 512),
