@@ -37,21 +37,25 @@ flags.DEFINE_integer('repeats', 7, 'Timed calls per product.')
 flags.DEFINE_bool('step_dots', False, "Count the bf16 training step's dots by operand types.")
 
 
+def dot_types(hlo_text: str) -> collections.Counter:
+  """(lhs type, rhs type, result type, contracting dims) -> count, over the dots of an
+  optimised HLO module's text."""
+  types = dict(re.findall(r'%([\w.\-]+) = (\w+)\[', hlo_text))  # names are module-unique
+  counts = collections.Counter()
+  for result, lhs, rhs, rest in re.findall(
+      r'= (\w+)\[[^\]]*\][^ ]* dot\(%([\w.\-]+), %([\w.\-]+)\)(.*)', hlo_text):
+    dims = ' '.join(re.findall(r'(?:lhs|rhs)_contracting_dims=\{[^}]*\}', rest))
+    counts[(types.get(lhs, '?'), types.get(rhs, '?'), result, dims)] += 1
+  return counts
+
+
 def step_dot_types() -> collections.Counter:
-  """(lhs type, rhs type, result type) -> count over the dots of the compiled bf16 step."""
+  """`dot_types` of the compiled bf16 training step at the peer's shape."""
   from configs.bench import base  # pylint: disable=g-import-not-at-top
   from ctr_jax.bench import suite  # pylint: disable=g-import-not-at-top
   step, state, tokens, _, _ = suite.train_step_and_state(
       base.peer_shape(dtype='bfloat16'), seq_len=256, batch=8, k_unroll=0)
-  text = step.lower(state, tokens).compile().as_text()
-  types = {}  # instruction name -> element type, within each computation (names are unique)
-  for name, dtype in re.findall(r'%([\w.\-]+) = (\w+)\[', text):
-    types[name] = dtype
-  counts = collections.Counter()
-  for result, lhs, rhs in re.findall(r'= (\w+)\[[^\]]*\][^ ]* dot\(%([\w.\-]+), %([\w.\-]+)\)',
-                                     text):
-    counts[(types.get(lhs, '?'), types.get(rhs, '?'), result)] += 1
-  return counts
+  return dot_types(step.lower(state, tokens).compile().as_text())
 
 
 def seconds(fn, *args) -> float:
@@ -88,10 +92,13 @@ def rates(m: int, k: int, n: int, layout: str) -> dict[str, float]:
 def main(argv):
   del argv
   if FLAGS.step_dots:
-    print('| lhs | rhs | result | dots in the compiled bf16 training step |')
-    print('|---|---|---|---|')
-    for (lhs, rhs, result), n in sorted(step_dot_types().items()):
-      print(f'| {lhs} | {rhs} | {result} | {n} |')
+    counts = step_dot_types()
+    print('| lhs | rhs | result | contracting dims | dots in the compiled bf16 training step |')
+    print('|---|---|---|---|---|')
+    for (lhs, rhs, result, dims), n in sorted(counts.items()):
+      print(f'| {lhs} | {rhs} | {result} | {dims} | {n} |')
+    bf16 = sum(n for (lhs, rhs, _, _), n in counts.items() if lhs == rhs == 'bf16')
+    print(f'\n{bf16} of {sum(counts.values())} dots multiply bfloat16 operands.')
     return
   m = FLAGS.tokens
   shapes = [('square 2048', 2048, 2048, 2048), ('q/k/v/out: C -> C', m, 512, 512),

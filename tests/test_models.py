@@ -1,5 +1,8 @@
 """Model construction: sizes, parameter counts, conversion, ablations, config errors."""
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,6 +101,51 @@ def test_weight_layouts_are_the_same_model(kind, block, dtype):
   assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), back, v_io)))
   tol = 1e-5 if dtype == 'float32' else 0.05 * float(jnp.max(jnp.abs(y_io)))
   assert max_abs_diff(y_oi, y_io) <= tol
+
+
+@pytest.mark.parametrize('layout', ['out_in', 'in_out'])
+def test_bf16_dense_product_matches_the_plain_dot_and_its_gradients(layout):
+  """`layers.bf16_product` (float32-result products, explicit backward) gives the plain bf16
+  dot's value and autodiff's gradients, for token axes of any rank and both weight layouts, and
+  every product of its value-and-gradient keeps bfloat16 operands on XLA:CPU."""
+  rng = np.random.default_rng(len(layout))
+  d_in, d_out = int(rng.integers(8, 40)), int(rng.integers(8, 40))
+  lead = tuple(int(n) for n in rng.integers(1, 6, size=int(rng.integers(1, 4))))
+  x = jnp.asarray(rng.standard_normal(lead + (d_in,)), jnp.bfloat16)
+  shape = (d_out, d_in) if layout == 'out_in' else (d_in, d_out)
+  matrix = jnp.asarray(rng.standard_normal(shape) / np.sqrt(d_in), jnp.bfloat16)
+  cotangent = jnp.asarray(rng.standard_normal(lead + (d_out,)), jnp.float32)
+  contract = 1 if layout == 'out_in' else 0
+
+  def plain(x, m):  # the reference: float32 maths on the same bf16 inputs
+    return jax.lax.dot_general(x.astype(jnp.float32), m.astype(jnp.float32),
+                               (((x.ndim - 1,), (contract,)), ((), ())))
+
+  def objective(fn):
+    return lambda x, m: jnp.sum(fn(x, m).astype(jnp.float32) * cotangent)
+
+  ours = jax.jit(lambda x, m: layers.bf16_product(x, m, contract))
+  y = ours(x, matrix)
+  assert y.dtype == jnp.bfloat16 and y.shape == lead + (d_out,)
+  scale = float(jnp.max(jnp.abs(plain(x, matrix))))
+  assert max_abs_diff(y.astype(jnp.float32), plain(x, matrix)) <= 1e-2 * scale
+  grads = jax.jit(jax.grad(objective(ours), argnums=(0, 1)))(x, matrix)
+  expected = jax.grad(objective(plain), argnums=(0, 1))(x, matrix)
+  for got, want, like in zip(grads, expected, (x, matrix)):
+    assert got.dtype == like.dtype and got.shape == like.shape
+    assert max_abs_diff(got.astype(jnp.float32), want) <= 2e-2 * float(jnp.max(jnp.abs(want)))
+  # Through `layers.linear` (a float32 parameter cast to bf16, as a model does), same value.
+  node = {'weight' if layout == 'out_in' else 'kernel': matrix.astype(jnp.float32)}
+  assert jnp.array_equal(layers.linear(x, node, jnp.bfloat16), y)
+  if jax.default_backend() == 'cpu':
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
+    import matmul_dtypes  # pylint: disable=g-import-not-at-top
+    step = jax.jit(jax.value_and_grad(objective(ours), argnums=(0, 1)))
+    counts = matmul_dtypes.dot_types(step.lower(x, matrix).compile().as_text())
+    # The forward product and the input gradient multiply bf16 operands (the AMX-able form);
+    # the plain dot's autodiff would run all three on upcast float32 operands.
+    assert sum(n for (lhs, rhs, out, _), n in counts.items()
+               if lhs == rhs == 'bf16' and out == 'f32') >= 2, counts
 
 
 def test_unknown_size_name_is_a_clear_error():

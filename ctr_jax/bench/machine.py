@@ -6,6 +6,7 @@ The peaks are measured in the same run on the same device, not taken from a data
 the caches (the denominator of the decode roofline).
 """
 
+import functools
 import os
 import platform
 
@@ -43,10 +44,12 @@ def summary_line(info: dict) -> str:
 
 
 def matmul_peak(dtype: str, size: int, *, warmup: int, repeats: int) -> float:
-  """FLOP/s of a jitted [size, size] @ [size, size] product in `dtype`."""
+  """FLOP/s of a jitted [size, size] @ [size, size] product in `dtype`, accumulated in float32
+  (for bfloat16 the form the models' products take, `layers.bf16_product`, and the only one
+  XLA:CPU sends to bf16 matrix units)."""
   a = jax.random.normal(jax.random.key(0), (size, size), dtype)
   b = jax.random.normal(jax.random.key(1), (size, size), dtype)
-  product = jax.jit(jnp.matmul)
+  product = jax.jit(functools.partial(jnp.matmul, preferred_element_type=jnp.float32))
   seconds = timing.median_seconds(lambda: product(a, b), warmup=warmup, repeats=repeats)
   return 2 * size ** 3 / seconds
 

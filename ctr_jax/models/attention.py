@@ -148,13 +148,16 @@ def _attention_backward(scale, residuals, d_out):
   q, k, v, mask, probs, out = residuals
   acc = probs.dtype
   d_out_acc = d_out.astype(acc)
-  dv = jnp.einsum('nqk,nqd->nkd', probs, d_out_acc)
+  # The products take their operands in the inputs' dtype and accumulate in `acc`, as the
+  # forward does (in bfloat16 that is the form XLA:CPU keeps in bf16 instead of upcasting).
+  dv = jnp.einsum('nqk,nqd->nkd', probs.astype(v.dtype), d_out.astype(v.dtype),
+                  preferred_element_type=acc)
   d_probs = jnp.einsum('nqd,nkd->nqk', d_out, v, preferred_element_type=acc)
   # Softmax backward: rowsum(dP * P) == rowsum(dO * O) per query.
   delta = jnp.sum(d_out_acc * out.astype(acc), axis=-1, keepdims=True)
   d_logits = probs * (d_probs - delta) * scale
-  dq = jnp.einsum('nqk,nkd->nqd', d_logits, k.astype(acc))
-  dk = jnp.einsum('nqk,nqd->nkd', d_logits, q.astype(acc))
+  dq = jnp.einsum('nqk,nkd->nqd', d_logits.astype(k.dtype), k, preferred_element_type=acc)
+  dk = jnp.einsum('nqk,nqd->nkd', d_logits.astype(q.dtype), q, preferred_element_type=acc)
   d_mask = np.zeros(mask.shape, jax.dtypes.float0)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_mask
 

@@ -127,8 +127,45 @@ def linear(x, node: Mapping, dtype):
   name = matrix_name(node)
   x, matrix, bias = nn.dtypes.promote_dtype(x, node[name], node.get('bias'), dtype=dtype)
   contract = 1 if name == 'weight' else 0
-  y = jax.lax.dot_general(x, matrix, (((x.ndim - 1,), (contract,)), ((), ())))
+  if x.dtype == jnp.bfloat16 and matrix.dtype == jnp.bfloat16:
+    y = bf16_product(x, matrix, contract)
+  else:
+    y = jax.lax.dot_general(x, matrix, (((x.ndim - 1,), (contract,)), ((), ())))
   return y if bias is None else y + bias
+
+
+def _f32_dot(a, b, a_axes, b_axes):
+  return jax.lax.dot_general(a, b, ((a_axes, b_axes), ((), ())),
+                             preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def bf16_product(x, matrix, contract: int):
+  """x [..., in] times a bfloat16 matrix ([out, in] when `contract` is 1, [in, out] when 0),
+  forward and backward products accumulated in float32, results rounded to x's dtype.
+
+  The same numbers as the plain bf16 dot (which accumulates in float32 on every backend), but
+  each product asks for a float32 result: XLA:CPU upcasts a dot with a bfloat16 result to a
+  float32 dot of converted operands, and keeps a bf16 x bf16 -> f32 dot, which it can send to the
+  CPU's bfloat16 matrix units (AMX). Autodiff of the plain dot would produce bf16-result dots
+  again, hence the explicit backward (docs/benchmarks.md, "bfloat16 products on XLA:CPU").
+  """
+  return _f32_dot(x, matrix, (x.ndim - 1,), (contract,)).astype(x.dtype)
+
+
+def _bf16_product_fwd(x, matrix, contract):
+  return bf16_product(x, matrix, contract), (x, matrix)
+
+
+def _bf16_product_bwd(contract, residuals, g):
+  x, matrix = residuals
+  dx = _f32_dot(g, matrix, (g.ndim - 1,), (1 - contract,)).astype(x.dtype)
+  lead = tuple(range(x.ndim - 1))  # every token axis: summed over for the matrix's gradient
+  dmatrix = _f32_dot(g, x, lead, lead) if contract == 1 else _f32_dot(x, g, lead, lead)
+  return dx, dmatrix.astype(matrix.dtype)
+
+
+bf16_product.defvjp(_bf16_product_fwd, _bf16_product_bwd)
 
 
 def concat_outputs(nodes) -> dict:
