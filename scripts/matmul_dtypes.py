@@ -4,6 +4,7 @@ the peer-shape training step (M = B·T = 2048 tokens, C = 512, MLP 4C = 2048, V 
   python scripts/matmul_dtypes.py
   python scripts/matmul_dtypes.py --tokens=512 --repeats=9
   python scripts/matmul_dtypes.py --step_dots     # the operand types of the bf16 step's dots
+  python scripts/matmul_dtypes.py --few_rows      # decode-like products of 1-64 rows
 
 Prints one row per shape and weight layout: GFLOP/s of the jitted product in float32, in bfloat16
 with bfloat16 output (what a `dtype='bfloat16'` layer computes) and in bfloat16 with float32
@@ -35,6 +36,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer('tokens', 2048, 'M: rows of the activations (B·T).')
 flags.DEFINE_integer('repeats', 7, 'Timed calls per product.')
 flags.DEFINE_bool('step_dots', False, "Count the bf16 training step's dots by operand types.")
+flags.DEFINE_bool('few_rows', False, 'Time decode-like products with few rows: x W^T against '
+                  '`layers.few_rows_product`, through the weights of a 6-layer MLP stack.')
 
 
 def dot_types(hlo_text: str) -> collections.Counter:
@@ -89,8 +92,42 @@ def rates(m: int, k: int, n: int, layout: str) -> dict[str, float]:
   return out
 
 
+def few_rows_rates(rows: int, depth: int = 6, width: int = 512, steps: int = 32):
+  """GB/s of weights streamed per decode-like step, plain x W^T vs `layers.few_rows_product`.
+
+  Each step runs `rows` activations through `depth` MLPs (W_in [4C, C], W_out [C, 4C], stored
+  [out, in] as the models store them) inside a `scan`, as a decode loop does, so that the
+  weights (50 MB at C = 512) come from memory, not from the cache.
+  """
+  from ctr_jax.models import layers  # pylint: disable=g-import-not-at-top
+  keys = jax.random.split(jax.random.key(0), 2 * depth)
+  weights = [jax.random.normal(k, (4 * width, width) if i % 2 == 0 else (width, 4 * width))
+             / width ** 0.5 for i, k in enumerate(keys)]
+  x = jax.random.normal(jax.random.key(1), (rows, width))
+  out = {}
+  for name, product in (('x W^T', lambda a, w: a @ w.T), ('few_rows_product',
+                                                            layers.few_rows_product)):
+    def run(x, weights, product=product):
+      def step(h, _):
+        for w_in, w_out in zip(weights[::2], weights[1::2]):
+          h = jnp.tanh(product(jnp.tanh(product(h, w_in)), w_out))
+        return h, None
+      return jax.lax.scan(step, x, None, length=steps)[0]
+    per_step = seconds(jax.jit(run), x, weights) / steps
+    out[name] = sum(w.size for w in weights) * 4 / per_step / 1e9
+  return out
+
+
 def main(argv):
   del argv
+  if FLAGS.few_rows:
+    print('| rows | x W^T GB/s | few_rows_product GB/s | ratio |')
+    print('|---|---|---|---|')
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+      r = few_rows_rates(rows)
+      print(f"| {rows} | {r['x W^T']:.1f} | {r['few_rows_product']:.1f} | "
+            f"{r['few_rows_product'] / r['x W^T']:.2f}x |", flush=True)
+    return
   if FLAGS.step_dots:
     counts = step_dot_types()
     print('| lhs | rhs | result | contracting dims | dots in the compiled bf16 training step |')

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -98,14 +97,8 @@ def execute(run: Run, root: str, extra: tuple = ()) -> int:
 
 def host() -> str:
   """CPU model and logical cores of this machine: what a launch ran on, for its ledger line."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
-    cpu = names[0] if names else cpu
-  except OSError:
-    pass
-  return f'{cpu}, {os.cpu_count()} logical cores'
+  from ctr_jax.bench import cpu_name  # pylint: disable=g-import-not-at-top
+  return f'{cpu_name.cpu_name()}, {os.cpu_count()} logical cores'
 
 
 def execute_logged(command: list[str], workdir: str) -> int:

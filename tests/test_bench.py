@@ -235,3 +235,13 @@ def test_bf16_bench_config_validates_and_the_peer_follows_its_dtype():
     handle.remove()
   assert torch.bfloat16 in seen
   assert 'bf16 autocast' in peer.label('bfloat16') and 'bf16' not in peer.label()
+
+
+def test_the_ledger_and_the_bench_name_the_cpu_alike():
+  """`scripts/repro_lib.host()` (no JAX) and `machine.describe()` read one helper."""
+  from ctr_jax.bench import cpu_name, machine  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
+  import repro_lib  # pylint: disable=g-import-not-at-top
+  name = cpu_name.cpu_name()
+  assert name and machine.describe()['cpu'] == name
+  assert repro_lib.host() == f'{name}, {os.cpu_count()} logical cores'

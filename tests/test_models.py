@@ -1,6 +1,7 @@
 """Model construction: sizes, parameter counts, conversion, ablations, config errors."""
 
 import os
+import re
 import sys
 
 import jax
@@ -146,6 +147,39 @@ def test_bf16_dense_product_matches_the_plain_dot_and_its_gradients(layout):
     # the plain dot's autodiff would run all three on upcast float32 operands.
     assert sum(n for (lhs, rhs, out, _), n in counts.items()
                if lhs == rhs == 'bf16' and out == 'f32') >= 2, counts
+
+
+@pytest.mark.parametrize('rows', [2, 7, 32])
+def test_few_rows_product_matches_the_plain_dot_and_keeps_the_weight_on_the_left(rows):
+  """`layers.few_rows_product` ((W x^T)^T, the small-batch decode form) gives x W^T and its
+  gradients for token axes of any rank, `layers.linear` takes it for 2-32 float32 rows of an
+  [out, in] weight on a CPU, and the compiled dot keeps the weight as its left operand (the
+  form XLA:CPU's YNNPACK product streams; a folded transpose would put x there again)."""
+  rng = np.random.default_rng(rows)
+  d_in, d_out = int(rng.integers(8, 40)), int(rng.integers(8, 40))
+  lead = (rows,) if rows % 2 else (2, rows // 2)
+  x = jnp.asarray(rng.standard_normal(lead + (d_in,)), jnp.float32)
+  weight = jnp.asarray(rng.standard_normal((d_out, d_in)) / np.sqrt(d_in), jnp.float32)
+  cotangent = jnp.asarray(rng.standard_normal(lead + (d_out,)), jnp.float32)
+  plain = lambda x, w: x @ w.T
+  y = jax.jit(layers.few_rows_product)(x, weight)
+  assert y.shape == lead + (d_out,)
+  np.testing.assert_allclose(y, plain(x, weight), rtol=1e-5, atol=1e-5)
+  objective = lambda fn: lambda x, w: jnp.sum(fn(x, w) * cotangent)
+  grads = jax.jit(jax.grad(objective(layers.few_rows_product), argnums=(0, 1)))(x, weight)
+  for got, want in zip(grads, jax.grad(objective(plain), argnums=(0, 1))(x, weight)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  bias = jnp.asarray(rng.standard_normal(d_out), jnp.float32)
+  np.testing.assert_allclose(layers.linear(x, {'weight': weight, 'bias': bias}, jnp.float32),
+                             plain(x, weight) + bias, rtol=1e-5, atol=1e-5)
+  if jax.default_backend() == 'cpu':
+    hlo = jax.jit(lambda x: layers.linear(x, {'weight': weight}, jnp.float32)).lower(
+        x).compile().as_text()
+    assert re.search(rf'f32\[{d_out},{rows}\]\S* (fusion|dot)\(', hlo), hlo
+    wide = jnp.zeros((2 * layers.FEW_ROWS[1], d_in))  # many rows: the plain [rows, out] dot
+    hlo = jax.jit(lambda x: layers.linear(x, {'weight': weight}, jnp.float32)).lower(
+        wide).compile().as_text()
+    assert not re.search(rf'f32\[{d_out},{wide.shape[0]}\]', hlo)
 
 
 def test_unknown_size_name_is_a_clear_error():

@@ -13,19 +13,12 @@ import platform
 import jax
 import jax.numpy as jnp
 
+from ctr_jax.bench import cpu_name
 from ctr_jax.bench import timing
 
 
 def describe() -> dict:
   """CPU model and cores, accelerator devices and library versions."""
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
-    if names:
-      cpu = names[0]
-  except OSError:
-    pass
   devices = jax.devices()
   versions = {'python': platform.python_version(), 'jax': jax.__version__}
   for name in ('jaxlib', 'flax', 'optax', 'torch', 'transformers'):
@@ -33,7 +26,7 @@ def describe() -> dict:
       versions[name] = __import__(name).__version__
     except ImportError:
       pass
-  return {'cpu': cpu, 'cores': os.cpu_count(), 'platform': devices[0].platform,
+  return {'cpu': cpu_name.cpu_name(), 'cores': os.cpu_count(), 'platform': devices[0].platform,
           'devices': f'{len(devices)} x {devices[0].device_kind}', 'versions': versions}
 
 

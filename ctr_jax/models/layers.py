@@ -129,9 +129,35 @@ def linear(x, node: Mapping, dtype):
   contract = 1 if name == 'weight' else 0
   if x.dtype == jnp.bfloat16 and matrix.dtype == jnp.bfloat16:
     y = bf16_product(x, matrix, contract)
+  elif contract == 1 and _few_rows(x):
+    y = few_rows_product(x, matrix)
   else:
     y = jax.lax.dot_general(x, matrix, (((x.ndim - 1,), (contract,)), ((), ())))
   return y if bias is None else y + bias
+
+
+# A decode step at a small batch multiplies a few rows by each weight matrix. XLA:CPU's YNNPACK
+# product repacks its right-hand operand on every call; in x W^T that is the weight, so the step
+# streams each matrix several times (at B = 8 the peer-shape step read its weights at about a
+# third of the batch-1 rate). As W x^T the few activation rows are what gets packed. XLA folds
+# plain transposes back into the dot's dimension numbers (the slow form again, without YNNPACK),
+# hence the barriers. One row stays a matrix-vector product, which is fast as it is; past ~32 rows
+# the product is compute-bound and the form no longer matters (scripts/matmul_dtypes.py
+# --few_rows measures it).
+FEW_ROWS = (2, 32)
+
+
+def _few_rows(x) -> bool:
+  rows = math.prod(x.shape[:-1])
+  return (FEW_ROWS[0] <= rows <= FEW_ROWS[1] and x.dtype == jnp.float32
+          and jax.default_backend() == 'cpu')
+
+
+def few_rows_product(x, weight):
+  """x [..., in] W^T for W [out, in], computed as (W x^T)^T with both transposes materialised."""
+  rows = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)  # [in, rows]
+  y = jax.lax.optimization_barrier(jax.lax.dot_general(weight, rows, (((1,), (0,)), ((), ()))))
+  return y.T.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _f32_dot(a, b, a_axes, b_axes):
