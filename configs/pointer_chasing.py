@@ -35,6 +35,11 @@ Args:
          e.g. '2:500/4:1000': 2 keys per level (a random subset of the 8 tokens, the rest of each
          table PAD) until step 500, 4 until step 1000, then 8. The author's code has a key
          curriculum whose schedule is not recorded (reference 7.2); this one is ours.
+  hop_curriculum: '' (default: every example has all H levels) or stages 'LEVELS:UNTIL/...',
+         e.g. '1:500/2:1500' at H = 3: examples with the first table level only (the later
+         levels PAD, the final query on a level-0 key) until step 500, two levels until step
+         1500, then all three. The layout and T stay those of H levels. His code has a hop
+         curriculum whose schedule is not recorded either (reference 7.2); this one is ours.
   stop_accuracy: 0 (default: train every step) or an accuracy, e.g. 0.99: stop at the first
          periodic evaluation (every 500 steps, 256 examples) where every level and the final
          query reach it; the final 1,024-example evaluation and the summary follow as usual, and
@@ -77,6 +82,7 @@ def get_config(arg=None):
   args = config_lib.parse_arg(arg, hops=3, model='d1_bptt', steps=5000, width=128, seed=0,
                               entry_targets=0, equals_targets=0, encoding='sections',
                               loss_over='targets', positions='rope', key_curriculum='',
+                              hop_curriculum='',
                               stop_accuracy=0.0, runlocal=False)
   encoding = pointer_chasing.check_encoding(args.encoding)
   c = common.get_base()
@@ -93,6 +99,8 @@ def get_config(arg=None):
   c.data.encoding = encoding
   pointer_chasing.parse_key_curriculum(args.key_curriculum)  # bad stages fail here, named
   c.data.key_curriculum = str(args.key_curriculum)
+  pointer_chasing.parse_hop_curriculum(args.hop_curriculum, args.hops)
+  c.data.hop_curriculum = str(args.hop_curriculum)
   c.data.stop_accuracy = float(args.stop_accuracy)  # checked by the task
   c.data.loss_over = args.loss_over   # checked by the task (ctr_jax/tasks/pointer_chasing.py)
   c.data.seq_len = pointer_chasing.seq_len(args.hops, encoding)

@@ -61,6 +61,9 @@ flags.DEFINE_float('stop_accuracy', 0.0, 'If > 0: each run stops at the first pe
                    'evaluation where every level and the final query reach this accuracy '
                    '(configs/pointer_chasing.py arg stop_accuracy; the same workdir, so a run '
                    'may resume with or without it). 0: every run trains --steps.')
+flags.DEFINE_string('hop_curriculum', '', 'If set, e.g. "1:500/2:1500": train on examples with '
+                    'fewer table levels first (configs/pointer_chasing.py arg hop_curriculum, our '
+                    'schedule); such runs get their own workdirs and rows.')
 flags.DEFINE_bool('equals_targets', False, "Train with the helper targets on every entry's '=' "
                   '(configs/pointer_chasing.py arg equals_targets=1); evaluation is unchanged.')
 
@@ -90,18 +93,22 @@ def helpers(r: dict) -> tuple[str, ...]:
 
 
 def workdir_for(name: str, hops: int, root: str, used: tuple[str, ...] = (), seed: int = 0,
-                encoding: str = DEFAULT_ENCODING) -> str:
+                encoding: str = DEFAULT_ENCODING, hop_curriculum: str = '') -> str:
   suffix = (''.join(f'_{h}' for h in used) + (f'_s{seed}' if seed else '')
-            + ('' if encoding == DEFAULT_ENCODING else f'_{encoding}'))
+            + ('' if encoding == DEFAULT_ENCODING else f'_{encoding}')
+            + (f"_hops{hop_curriculum.replace(':', '-').replace('/', '_')}"
+               if hop_curriculum else ''))
   return os.path.join(root, f'h{hops}_{name}{suffix}')
 
 
 def command_for(name: str, hops: int, steps: int, workdir: str, used: tuple[str, ...] = (),
                 seed: int = 0, extra: tuple[str, ...] = (),
-                encoding: str = DEFAULT_ENCODING, stop_accuracy: float = 0.0) -> list[str]:
+                encoding: str = DEFAULT_ENCODING, stop_accuracy: float = 0.0,
+                hop_curriculum: str = '') -> list[str]:
   arg = (f'hops={hops},model={name},steps={steps}' + ''.join(f',{h}_targets=1' for h in used)
          + (f',seed={seed}' if seed else '')
          + ('' if encoding == DEFAULT_ENCODING else f',encoding={encoding}')
+         + (f',hop_curriculum={hop_curriculum}' if hop_curriculum else '')
          + (f',stop_accuracy={stop_accuracy:g}' if stop_accuracy > 0 else ''))
   return ['python', '-m', 'ctr_jax.main', f'--config=configs/pointer_chasing.py:{arg}',
           f'--workdir={repro_lib.shown(workdir)}', *extra]
@@ -114,9 +121,10 @@ def finished(summary: dict, steps: int) -> bool:
 
 def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (), seed: int = 0,
         extra: tuple[str, ...] = (), train: bool = True,
-        encoding: str = DEFAULT_ENCODING, stop_accuracy: float = 0.0) -> dict | None:
+        encoding: str = DEFAULT_ENCODING, stop_accuracy: float = 0.0,
+        hop_curriculum: str = '') -> dict | None:
   """Trains (or resumes) one model unless its summary says it finished; its record."""
-  workdir = workdir_for(name, hops, root, used, seed, encoding)
+  workdir = workdir_for(name, hops, root, used, seed, encoding, hop_curriculum)
   summary_path = os.path.join(workdir, 'summary.json')
   if train:
     done = False
@@ -125,7 +133,8 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
         done = finished(json.load(f), steps)
     if not done:
       repro_lib.execute_logged(
-          command_for(name, hops, steps, workdir, used, seed, extra, encoding, stop_accuracy),
+          command_for(name, hops, steps, workdir, used, seed, extra, encoding, stop_accuracy,
+                      hop_curriculum),
           workdir)
   if not os.path.exists(summary_path):
     return None
@@ -135,6 +144,7 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
   depth = int(re.search(r'\d+', name)[0])
   return {'model': name, 'hops': hops, **{f'{h}_targets': h in used for h in HELPERS},
           'seed': seed, 'encoding': encoding, 'steps': s['step'], 'depth': depth,
+          **({'hop_curriculum': hop_curriculum} if hop_curriculum else {}),
           'stopped_early_at_step': s.get('stopped_early_at_step'),
           'kind': 'transformer' if name.startswith('t') else 'context_ready',
           'level_accuracy': s['level_accuracy'], 'final_query_accuracy': s['final_query_accuracy'],
@@ -177,7 +187,8 @@ def steps_within(budget_s: float, step_seconds: dict[str, float], steps: int) ->
 
 
 def _key(r):
-  return r['model'], r['hops'], helpers(r), r.get('seed', 0), r.get('encoding', DEFAULT_ENCODING)
+  return (r['model'], r['hops'], helpers(r), r.get('seed', 0), r.get('encoding', DEFAULT_ENCODING),
+          r.get('hop_curriculum', ''))
 
 
 def _encoding(r) -> str:
@@ -187,6 +198,7 @@ def _encoding(r) -> str:
 def _name(r):
   """The row's model and helpers (its encoding is its table's title), with a non-zero seed."""
   seed = f" (seed {r['seed']})" if r.get('seed') else ''
+  seed += f" + hop curriculum {r['hop_curriculum']}" if r.get('hop_curriculum') else ''
   used = helpers(r)
   if set(used) == set(HELPERS):  # both: every entry position, our reading of "dense targets"
     return f"{r['model']} + dense (entry + equals){seed}"
@@ -276,7 +288,8 @@ def _plot(runs, path):
       mine = [r for r in runs if r['hops'] == hops and (helpers(r), _encoding(r)) == (used,
                                                                                        encoding)]
       ts = sorted((r['depth'] + shift, r['levels_solved']) for r in mine
-                  if r['kind'] == 'transformer' and not r.get('seed'))
+                  if r['kind'] == 'transformer' and not r.get('seed')
+                  and not r.get('hop_curriculum'))
       if ts:
         ax.plot(*zip(*ts), line, label=f'transformer, H={hops}{suffix}')
       for r in mine:
@@ -313,7 +326,8 @@ def main(argv):
             f'{FLAGS.time_budget_s:g}; every model trains {steps} steps instead', flush=True)
   results = [r for r in (run(n, FLAGS.hops, steps, FLAGS.root, used, seed, extra,
                              train=not FLAGS.report_only, encoding=FLAGS.encoding,
-                             stop_accuracy=FLAGS.stop_accuracy)
+                             stop_accuracy=FLAGS.stop_accuracy,
+                             hop_curriculum=FLAGS.hop_curriculum)
                          for seed in range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)
                          for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')

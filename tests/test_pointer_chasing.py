@@ -126,6 +126,52 @@ def test_key_curriculum_stages_follow_the_step():
       pc.parse_key_curriculum(bad)
 
 
+@pytest.mark.parametrize('encoding', pc.ENCODINGS)
+def test_a_hop_curriculum_example_is_its_full_twin_cut_short(encoding):
+  hops = 3
+  full_tokens, full_targets = pc.batch(hops, 16, seed=5, encoding=encoding, entry_targets=True,
+                                       equals_targets=True)
+  starts = pc._level_starts(hops, encoding)
+  for levels in (1, 2, 3):
+    tokens, targets = pc.batch(hops, 16, seed=5, encoding=encoding, entry_targets=True,
+                               equals_targets=True, num_levels=levels)
+    assert tokens.shape == full_tokens.shape
+    cut = starts[levels]
+    np.testing.assert_array_equal(tokens[:, :cut], full_tokens[:, :cut])
+    np.testing.assert_array_equal(targets[:, :cut], full_targets[:, :cut])
+    assert (tokens[:, cut:-2] == pc.PAD).all() and (targets[:, cut:-1] == pc.IGNORE).all()
+    # The final query asks a key of the last level present; its answer is that key's resolved
+    # value, which the full example's table gives at the same key.
+    final_key = tokens[:, -1]
+    assert ((final_key >= pc.key_token(levels - 1, 0))
+            & (final_key <= pc.key_token(levels - 1, 7))).all()
+    table = slice(starts[levels - 1], starts[levels - 1] + pc.TABLE_LEN)
+    for row in range(16):
+      at = np.flatnonzero(full_tokens[row, table] == final_key[row])
+      assert len(at) == 1
+      assert targets[row, -1] == full_targets[row, table][at[0]]
+  np.testing.assert_array_equal(tokens, full_tokens)  # all levels: the plain example
+  with pytest.raises(ValueError, match='num_levels'):
+    pc.batch(hops, 2, seed=0, num_levels=4)
+
+
+def test_hop_curriculum_stages_follow_the_step():
+  stages = pc.parse_hop_curriculum('1:500/2:1500', hops=3)
+  assert stages == ((1, 500), (2, 1500))
+  assert [pc.curriculum_levels(stages, s, 3) for s in (0, 499, 500, 1499, 1500)] == \
+      [1, 1, 2, 2, 3]
+  assert pc.curriculum_levels((), 0, 3) == 3
+  stream = pointer_task._BatchStream(3, 8, 0, 0, 1, 'tables', (), stages)
+  level_1 = slice(pc.TABLE_LEN, 2 * pc.TABLE_LEN)
+  stream.set_state({'next_index': 499})
+  assert (next(stream)['tokens'][:, level_1] == pc.PAD).all()    # step 499: one level
+  stream.set_state({'next_index': 1500})
+  assert (next(stream)['tokens'][:, level_1] != pc.PAD).any()    # step 1500: every level
+  for bad in ('1', '3:100', '2:100/1:200', '1:100/2:50', 'x:1', '1:0'):
+    with pytest.raises(ValueError, match='hop_curriculum'):
+      pc.parse_hop_curriculum(bad, hops=3)
+
+
 def test_examples_are_random_across_seeds_and_indices():
   a, _ = pc.batch(3, 64, seed=0)
   b, _ = pc.batch(3, 64, seed=1)

@@ -177,6 +177,23 @@ def test_key_curriculum_through_the_config_and_the_task():
     config_lib.validate(config)
 
 
+def test_hop_curriculum_through_the_config_and_the_task():
+  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
+  config = small('hops=3,model=t1,encoding=tables,hop_curriculum=1:2/2:4')
+  config_lib.validate(config)
+  task = pointer_task.PointerChasing(config, process_index=0, process_count=1)
+  tables = [25 * level + 2 for level in range(3)]  # the first key of each level's table
+  levels_per_step = [int(sum((batch['tokens'][:, t] != 0).all() for t in tables))
+                     for batch in (next(task.train_iter) for _ in range(6))]
+  assert levels_per_step == [1, 1, 2, 2, 3, 3]
+  with pytest.raises(ValueError, match='hop_curriculum'):
+    pc_config.get_config('hops=3,hop_curriculum=3:100')
+  config.data.hop_curriculum = '2:10/1:20'
+  with pytest.raises(ValueError, match='config.data.hop_curriculum'):
+    config_lib.validate(config)
+
+
 def test_training_switches_reach_the_model_and_the_task():
   from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
   from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top

@@ -207,9 +207,17 @@ def check_num_keys(num_keys: int) -> int:
   return int(num_keys)
 
 
+def check_num_levels(num_levels: int, hops: int) -> int:
+  if int(num_levels) != num_levels or not 1 <= num_levels <= hops:
+    raise ValueError(f'num_levels (table levels in an example) must be an integer in 1..{hops}, '
+                     f'got {num_levels!r}')
+  return int(num_levels)
+
+
 def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = False,
               equals_targets: bool = False, encoding: str = DEFAULT_ENCODING,
-              num_keys: int = NUM_KEYS) -> tuple[np.ndarray, np.ndarray]:
+              num_keys: int = NUM_KEYS,
+              num_levels: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Examples `indices` of stream `seed`: (tokens, targets), int32 [B, T] each.
 
   Every encoding draws the same tables, query orders and final query from (seed, index): a
@@ -220,8 +228,14 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
   a random subset per example and level, with the permutations between those subsets. The layout
   and T stay those of 8 keys: a table's real entries come first, then PAD triples up to 8 slots
   (a query section: PAD pairs), without targets, so every stage has the same shapes.
+
+  num_levels < hops (a stage of a hop curriculum): the example is its full twin with levels
+  num_levels .. hops-1 (tables and query sections) blanked to PAD without targets, and the final
+  query asks a key of level num_levels-1. The layout and T stay those of `hops` levels: every
+  remaining section keeps its position, and the final query its last two slots.
   """
   b, k, starts = len(indices), check_num_keys(num_keys), _level_starts(hops, encoding)
+  levels = check_num_levels(hops if num_levels is None else num_levels, hops)
   extra = k * hops * hops if encoding == 'multi_q' else 0
   u = _uniforms(_example_keys(seed, indices), 3 * k * hops + 1 + extra
                 + (NUM_KEYS * hops if k < NUM_KEYS else 0))
@@ -282,8 +296,13 @@ def _generate(hops: int, seed: int, indices: np.ndarray, entry_targets: bool = F
     _query_section(tokens, targets, start, key_of(lvl, keys),
                    value_token(hops, np.take_along_axis(resolved[lvl], keys, axis=1)))
 
-  tokens[:, -2], tokens[:, -1] = QUERY, key_of(hops - 1, final_key[:, None])[:, 0]
-  targets[:, -1] = value_token(hops, np.take_along_axis(resolved[-1], final_key[:, None], 1)[:, 0])
+  # Levels past `levels` (a hop-curriculum stage) are blanked; their random numbers were drawn
+  # all the same, so the remaining levels are those of the full example.
+  tokens[:, starts[levels]:starts[hops]] = PAD
+  targets[:, starts[levels]:starts[hops]] = IGNORE
+  tokens[:, -2], tokens[:, -1] = QUERY, key_of(levels - 1, final_key[:, None])[:, 0]
+  targets[:, -1] = value_token(
+      hops, np.take_along_axis(resolved[levels - 1], final_key[:, None], 1)[:, 0])
   return tokens, targets
 
 
@@ -316,45 +335,63 @@ def sample(hops: int, seed: int, index: int = 0, entry_targets: bool = False,
 
 def batch(hops: int, batch_size: int, seed: int, start: int = 0, entry_targets: bool = False,
           equals_targets: bool = False, encoding: str = DEFAULT_ENCODING,
-          num_keys: int = NUM_KEYS) -> tuple[np.ndarray, np.ndarray]:
+          num_keys: int = NUM_KEYS,
+          num_levels: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Examples start .. start + batch_size - 1 of stream `seed`: int32 [B, T] tokens, targets.
 
   A trainer can take step s as `batch(hops, B, seed, start=s * B)`: one endless stream, no
   example repeated, every batch reproducible from (seed, step) alone. num_keys < 8: examples
-  with that many keys per level, in the layout of 8 (see `_generate`).
+  with that many keys per level, in the layout of 8; num_levels < hops: examples with that many
+  table levels, in the layout of `hops` (see `_generate`).
   """
   if batch_size < 1 or start < 0:
     raise ValueError(f'need batch_size >= 1 and start >= 0, got {batch_size} and {start}')
   indices = np.arange(start, start + batch_size, dtype=np.int64)
   return _generate(_check_hops(hops), seed, indices, entry_targets, equals_targets,
-                   check_encoding(encoding), num_keys)
+                   check_encoding(encoding), num_keys, num_levels)
 
 
-def parse_key_curriculum(spec: str) -> tuple[tuple[int, int], ...]:
-  """'2:500/4:1000' -> ((2, 500), (4, 1000)): 2 keys per level for steps [0, 500), 4 for
-  [500, 1000), all 8 afterwards. '' -> () (no curriculum)."""
+def _parse_stages(spec: str, name: str, unit: str, top: int) -> tuple[tuple[int, int], ...]:
+  """'COUNT:UNTIL/...' -> ((count, until), ...), counts increasing in 1..top-1, ends increasing."""
   if not spec:
     return ()
   stages = []
   for part in str(spec).split('/'):
     try:
-      keys, until = (int(x) for x in part.split(':'))
+      count, until = (int(x) for x in part.split(':'))
     except ValueError:
-      raise ValueError(f'key_curriculum {spec!r}: write stages as KEYS:UNTIL_STEP joined by '
+      raise ValueError(f'{name} {spec!r}: write stages as {unit.upper()}S:UNTIL_STEP joined by '
                        "'/', e.g. '2:500/4:1000'") from None
-    stages.append((keys, until))
-  keys, untils = zip(*stages)
-  if not all(1 <= n < NUM_KEYS for n in keys) or list(keys) != sorted(set(keys)):
-    raise ValueError(f'key_curriculum {spec!r}: the key counts must increase, each in '
-                     f'1..{NUM_KEYS - 1} (after the last stage every example has {NUM_KEYS})')
+    stages.append((count, until))
+  counts, untils = zip(*stages)
+  if not all(1 <= n < top for n in counts) or list(counts) != sorted(set(counts)):
+    raise ValueError(f'{name} {spec!r}: the {unit} counts must increase, each in 1..{top - 1} '
+                     f'(after the last stage every example has {top})')
   if untils[0] < 1 or list(untils) != sorted(set(untils)):
-    raise ValueError(f'key_curriculum {spec!r}: the stages\' end steps must increase, from >= 1')
+    raise ValueError(f'{name} {spec!r}: the stages\' end steps must increase, from >= 1')
   return tuple(stages)
+
+
+def parse_key_curriculum(spec: str) -> tuple[tuple[int, int], ...]:
+  """'2:500/4:1000' -> ((2, 500), (4, 1000)): 2 keys per level for steps [0, 500), 4 for
+  [500, 1000), all 8 afterwards. '' -> () (no curriculum)."""
+  return _parse_stages(spec, 'key_curriculum', 'key', NUM_KEYS)
+
+
+def parse_hop_curriculum(spec: str, hops: int) -> tuple[tuple[int, int], ...]:
+  """'1:500/2:1000' -> ((1, 500), (2, 1000)): examples with 1 table level for steps [0, 500),
+  2 for [500, 1000), all `hops` afterwards (see `_generate`). '' -> () (no curriculum)."""
+  return _parse_stages(spec, 'hop_curriculum', 'level', _check_hops(hops))
 
 
 def curriculum_keys(stages: tuple[tuple[int, int], ...], step: int) -> int:
   """Keys per level of the examples of training step `step` (0-based) under `stages`."""
   return next((keys for keys, until in stages if step < until), NUM_KEYS)
+
+
+def curriculum_levels(stages: tuple[tuple[int, int], ...], step: int, hops: int) -> int:
+  """Table levels of the examples of training step `step` (0-based) under `stages`."""
+  return next((levels for levels, until in stages if step < until), hops)
 
 
 class PointerChasingSource:

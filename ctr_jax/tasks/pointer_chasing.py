@@ -176,7 +176,7 @@ class _BatchStream:
   """Endless, checkpointable stream of this process's share of each global batch."""
 
   def __init__(self, hops, global_batch_size, seed, process_index, process_count, encoding,
-               key_curriculum=(), **helper_targets):
+               key_curriculum=(), hop_curriculum=(), **helper_targets):
     if global_batch_size % process_count:
       raise ValueError(f'config.batch_size={global_batch_size} is not divisible by the '
                        f'{process_count} processes')
@@ -184,6 +184,7 @@ class _BatchStream:
     self.helper_targets = helper_targets  # generator.HELPER_TARGETS switches
     self.encoding = encoding
     self.key_curriculum = key_curriculum  # ((keys, until_step), ...): batch i's keys per level
+    self.hop_curriculum = hop_curriculum  # ((levels, until_step), ...): batch i's table levels
     self.local = global_batch_size // process_count
     self.offset = process_index * self.local
     self.next_index = 0
@@ -196,6 +197,7 @@ class _BatchStream:
     tokens, targets = generator.batch(
         self.hops, self.local, self.seed, start=start, encoding=self.encoding,
         num_keys=generator.curriculum_keys(self.key_curriculum, self.next_index),
+        num_levels=generator.curriculum_levels(self.hop_curriculum, self.next_index, self.hops),
         **self.helper_targets)
     self.next_index += 1
     return {'tokens': tokens, 'targets': targets}
@@ -243,6 +245,7 @@ def validate_config(config) -> None:
     raise ValueError(f'config.data.loss_over: got {loss_over!r}, allowed {list(LOSS_OVER)}')
   try:
     generator.parse_key_curriculum(config.data.get('key_curriculum', ''))
+    generator.parse_hop_curriculum(config.data.get('hop_curriculum', ''), hops)
   except ValueError as e:
     raise ValueError(f'config.data.{e}') from None
   encoding = encoding_of(config)
@@ -273,6 +276,8 @@ class PointerChasing:
                                    process_count, self.encoding,
                                    generator.parse_key_curriculum(
                                        config.data.get('key_curriculum', '')),
+                                   generator.parse_hop_curriculum(
+                                       config.data.get('hop_curriculum', ''), self.hops),
                                    **{h: bool(config.data[h]) for h in generator.HELPER_TARGETS})
     self.eval_examples = config.eval_batches * config.batch_size
     self.final_examples = config.pointer_eval_examples
