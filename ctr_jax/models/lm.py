@@ -63,7 +63,12 @@ class _LanguageModelBase(nn.Module):
 
   def logits(self, z):
     h = self.ln_f(z)
-    out = self.embed.attend(h) if self.spec.tie_embeddings else self.head(h)
+    if self.spec.tie_embeddings:
+      # The table [V, C] is an [out, in] weight: `layers.linear` gives the tied head the same
+      # product paths (few rows, bfloat16) as an untied one, which `nn.Embed.attend` would not.
+      out = layers.linear(h, {'weight': self.embed.embedding}, self.embed.dtype)
+    else:
+      out = self.head(h)
     return out.astype(layers.accumulation_dtype(out.dtype))
 
   @nn.nowrap
