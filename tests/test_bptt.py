@@ -83,6 +83,7 @@ def optimized_compilation():
   jax.config.update('jax_disable_most_optimizations', True)
 
 
+@pytest.mark.slow
 def test_bptt_learns_one_hop_pointer_chasing(optimized_compilation):
   del optimized_compilation
   hops, batch_size, steps = 1, 32, 120

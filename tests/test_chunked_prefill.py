@@ -47,7 +47,8 @@ def _setup(seed, dtype='float32', kind='context_ready', length_range=(5, 14)):
   return model, variables, tokens, r
 
 
-@pytest.mark.parametrize('seed', [0, 1, 2])
+@pytest.mark.parametrize('seed', [0, pytest.param(1, marks=pytest.mark.slow),
+                                  pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
 def test_chunk_plus_one_passes_fill_the_scans_state_and_decode_identically(seed, dtype):
   """With passes = chunk + 1 (more than the chunk's dependence chain) the state equals the

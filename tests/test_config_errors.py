@@ -83,6 +83,7 @@ def _quickstart(**overrides):
   return override(quickstart.get_config(), **overrides)
 
 
+@pytest.mark.slow
 def test_grad_clip_change_on_resume_names_the_field(tmp_path):
   # A checkpoint trained with clipping, resumed without: optax's state tree loses a node.
   import jax  # pylint: disable=g-import-not-at-top

@@ -75,6 +75,7 @@ def test_fine_tune_moves_only_the_trainable_parameters():
   assert float(jnp.abs(new['correction']['ffn']['fc_out']['weight']).max()) > 0
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_the_json_and_the_doc(tmp_path):
   test_gguf = pytest.importorskip('test_gguf')
   path = tmp_path / 'tiny.gguf'

@@ -241,6 +241,7 @@ def test_ablation_variants_train_and_keep_or_break_k_invariance(correction, cumu
     assert max_abs_diff(at_t1, decode.sequential_logits(model, variables, tokens)) <= 1e-4
 
 
+@pytest.mark.slow
 def test_remat_and_random_depth_give_the_same_function():
   cfg, model, variables, tokens = random_model(15, depth=2)
   batch = random_tokens(16, cfg.vocab_size, batch=2, length=7)

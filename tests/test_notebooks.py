@@ -47,6 +47,7 @@ def test_notebook_is_stored_without_outputs(name):
   assert 'REPO_URL' in nb.cells[1].source, f'{name}: the second cell must be the set-up cell'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', NOTEBOOKS)
 def test_notebook_runs(name):
   if name in REQUIRES:

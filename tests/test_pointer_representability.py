@@ -50,6 +50,7 @@ def test_three_layers_solve_every_level_of_the_sections_encoding_at_three_hops()
   assert metrics['final_query_accuracy'] == 1.0
 
 
+@pytest.mark.slow
 def test_one_more_layer_one_more_level_in_the_sections_encoding():
   """H = 5, N = 4: levels L0-L3 (a level-L query needs L + 1 layers from L = 2 on), not L4."""
   metrics = transformer_levels(5, 4, 'sections')
@@ -57,7 +58,8 @@ def test_one_more_layer_one_more_level_in_the_sections_encoding():
   assert metrics['final_query_accuracy'] < 0.2
 
 
-@pytest.mark.parametrize('hops,encoding', [(3, 'sections'), (3, 'tables'), (5, 'sections')])
+@pytest.mark.parametrize('hops,encoding', [(3, 'sections'), (3, 'tables'),
+                                            pytest.param(5, 'sections', marks=pytest.mark.slow)])
 def test_one_layer_context_ready_model_solves_every_level_through_its_correction(hops, encoding):
   """D = 1, evaluated by the exact sequential scan (what BPTT trains): every level, the final
   query included. The same weights without the correction's carry (one parallel pass, c = 0)

@@ -119,6 +119,7 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   assert 'stop_accuracy=0.99' in ' '.join(sweep.command_for('t1', 2, 10, 'w', stop_accuracy=0.99))
 
 
+@pytest.mark.slow
 def test_gpu_sweep_script_fits_its_budget_and_records_commands(tmp_path):
   """launch/pointer_chasing_h10.sh on tiny settings: a probe per model, the step count cut to
   the budget with a warning, and every row's command being the launch that trained it."""

@@ -277,6 +277,7 @@ def test_two_processes_train_together_and_agree(data_dir, tmp_path):
   assert results[0]['train_loss'] == pytest.approx(single['train_loss'], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_init_from_converts_or_continues_a_transformer_exactly(data_dir, tmp_path):
   # A learning rate of ~0 leaves the weights as loaded: the first evaluation then shows whether
   # the converted model (zero-initialised correction) and the continued transformer reproduce
