@@ -73,3 +73,20 @@ def test_one_layer_context_ready_model_solves_every_level_through_its_correction
       pointer_task.model_predictor(model, params, mode='parallel', k_unroll=1), hops,
       num_examples=EXAMPLES, batch_size=64, encoding=encoding)
   assert solved(no_carry['level_accuracy']) == []
+
+
+def test_layer_readouts_find_each_answer_where_the_construction_writes_it():
+  """scripts/pointer_chasing_layers.py on the hand-set 3-layer transformer (`tables`, 3 hops):
+  a level-k table key's answer is linearly readable from block k + 1 on, and not before."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  'scripts'))
+  import pointer_chasing_layers as layers_script  # pylint: disable=g-import-not-at-top
+  model, params = constructions.transformer(3, 3, 'tables')
+  rows = layers_script.layer_readouts(model, params, 3, 'tables', examples=64, fit_examples=192)
+  probe = {(r['level'], r['slot']): r['probe'] for r in rows}
+  assert set(probe) == {(0, "'='"), (0, 'key')} | {(k, s) for k in (1, 2)
+                                                    for s in layers_script.SLOTS}
+  for level in range(3):
+    readable = probe[(level, 'key')]
+    assert len(readable) == 4 and readable[level + 1] == 1.0, (level, readable)
+    assert max(readable[:level + 1]) < 0.5, (level, readable)
