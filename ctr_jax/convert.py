@@ -59,3 +59,44 @@ def _zip_paths(a, b):
     raise ValueError('the source transformer and the target config have different parameter '
                      'trees: depth/width/heads/vocab_size/block must match')
   return [(path, x, y) for (path, x), y in zip(flat_a, flat_b)]
+
+
+# Output projections of a block's residual branches: zero in a block added by `grow_transformer`.
+_BRANCH_OUTPUTS = (('attn', 'out'), ('mlp', 'fc_out'))
+
+
+def grow_transformer(source_params, fresh_params):
+  """A deeper transformer's params: the source's blocks at the bottom, new blocks on top.
+
+  `fresh_params` are initial params of the deeper target (same family, width, heads and
+  vocabulary, more blocks). Everything but the added blocks is the source's; an added block keeps
+  its fresh weights except the output projections of its attention and MLP branches, which are
+  zero, so the block passes its input through and the grown model computes the source's logits
+  exactly (its branches start learning once those projections move; the residual stream below
+  them is the trained model's). Used by `config.init_from` when a transformer run starts from a
+  shallower transformer: progressive stacking, not in the papers (docs/pointer_chasing.md uses it
+  to test where a trained model's lookups sit).
+  """
+  source, fresh = dict(source_params), dict(fresh_params)
+  if set(source) != set(fresh) or 'blocks' not in source:
+    raise ValueError(f'growing a transformer needs the same parameter groups; the source has '
+                     f'{sorted(source)}, the target {sorted(fresh)}')
+  source_blocks, fresh_blocks = dict(source['blocks']), dict(fresh['blocks'])
+  n, m = len(source_blocks), len(fresh_blocks)
+  if n >= m:
+    raise ValueError(f'growing a transformer needs more blocks in the target: source {n}, '
+                     f'target {m}')
+  shape = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), x.dtype), tree)
+  kept = {k: v for k, v in source.items() if k != 'blocks'}
+  if shape(kept) != shape({k: fresh[k] for k in kept}) or any(
+      shape(source_blocks[f'block_{i}']) != shape(fresh_blocks[f'block_{i}']) for i in range(n)):
+    raise ValueError('growing a transformer needs the same width, heads, vocabulary and block '
+                     'family in the source and the target')
+  blocks = {f'block_{i}': source_blocks[f'block_{i}'] for i in range(n)}
+  for i in range(n, m):
+    block = jax.tree.map(jnp.asarray, fresh_blocks[f'block_{i}'])
+    for branch, projection in _BRANCH_OUTPUTS:
+      block[branch] = {**block[branch],
+                       projection: jax.tree.map(jnp.zeros_like, block[branch][projection])}
+    blocks[f'block_{i}'] = block
+  return {**kept, 'blocks': blocks}

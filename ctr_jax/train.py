@@ -3,7 +3,8 @@
 Resume order (the first that applies wins):
   1. the latest checkpoint in `workdir` (a restarted or preempted run continues);
   2. `config.init_from`: a transformer checkpoint, converted to a context-ready model (a
-     transformer run instead continues its weights), with a fresh optimiser and schedule;
+     transformer run instead continues its weights, or grows them by pass-through blocks on top
+     when it is deeper), with a fresh optimiser and schedule;
   3. a fresh initialisation from `config.seed`.
 
 What a crash, a full disk, a damaged checkpoint or a second run on the same workdir do is listed in
@@ -326,7 +327,8 @@ def _progress_bar(active: bool, initial: int, total: int):
 def _convert_from(config, state, state_shardings, mesh, rules):
   """Loads a transformer checkpoint and converts it (zero-initialised correction FFN); for a
   transformer run, its weights as they are (a continuation with a fresh optimiser and schedule:
-  the baseline a converted model's fine-tune is compared with)."""
+  the baseline a converted model's fine-tune is compared with), or, for a deeper transformer,
+  grown by pass-through blocks on top (`convert.grow_transformer`)."""
   source_meta = checkpointing.read_meta(config.init_from)
   if source_meta is None:
     raise UserError(f'config.init_from={config.init_from!r} holds no checkpoint')
@@ -350,10 +352,16 @@ def _convert_from(config, state, state_shardings, mesh, rules):
       checkpointing.abstract_with_shardings(abstract, shardings))
   if config.model.kind == 'transformer':
     shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
-    if shapes(source_state['params']) != shapes(state['params']):
+    if shapes(source_state['params']) == shapes(state['params']):
+      params = source_state['params']
+    elif source_cfg.depth < config.model.depth:
+      try:  # a deeper transformer: the source's blocks below new pass-through ones
+        params = convert.grow_transformer(source_state['params'], state['params'])
+      except ValueError as e:
+        raise UserError(f'config.init_from: {e}') from None
+    else:
       raise UserError(f'config.init_from: continuing a transformer needs the same parameter '
-                      f'shapes; {config.init_from} has others')
-    params = source_state['params']
+                      f'shapes (or fewer blocks, to grow it); {config.init_from} has others')
   else:
     try:
       params = convert.transformer_to_context_ready({'params': source_state['params']},

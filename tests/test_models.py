@@ -210,6 +210,34 @@ def test_conversion_refuses_mismatched_sizes():
     convert.transformer_to_context_ready(base_vars, wrong)
 
 
+@pytest.mark.parametrize('depth,grown', [(1, 2), (2, 4)])
+def test_a_grown_transformer_computes_the_source_and_its_new_blocks_can_learn(depth, grown):
+  """convert.grow_transformer: the source's blocks below pass-through ones (zero branch output
+  projections) give the source's logits; the new blocks' other weights stay random, and their
+  output projections get a gradient."""
+  base_cfg, base, base_vars, tokens = random_model(14, kind='transformer', depth=depth)
+  deep_cfg = models.model_config(**{**base_cfg.to_dict(), 'depth': grown})
+  deep = models.build(deep_cfg)
+  fresh = deep.init(jax.random.key(5), tokens)['params']
+  params = convert.grow_transformer(base_vars['params'], fresh)
+  expected = base.apply(base_vars, tokens)
+  assert max_abs_diff(deep.apply({'params': params}, tokens), expected) <= 1e-5
+  for i in range(depth):
+    assert params['blocks'][f'block_{i}'] is base_vars['params']['blocks'][f'block_{i}']
+  grads = jax.grad(lambda p: jnp.sum(deep.apply({'params': p}, tokens) ** 2))(params)
+  for i in range(depth, grown):
+    block = params['blocks'][f'block_{i}']
+    assert not jnp.any(block['attn']['out']['weight']) and not jnp.any(block['mlp']['fc_out']['weight'])
+    assert float(jnp.abs(block['attn']['query']['weight']).max()) > 0
+    assert float(jnp.abs(grads['blocks'][f'block_{i}']['mlp']['fc_out']['weight']).max()) > 0
+  with pytest.raises(ValueError, match='more blocks'):
+    convert.grow_transformer(fresh, base_vars['params'])
+  wide = models.model_config(**{**base_cfg.to_dict(), 'depth': grown, 'width': 2 * base_cfg.width})
+  wide_fresh = models.build(wide).init(jax.random.key(5), tokens)['params']
+  with pytest.raises(ValueError, match='width'):
+    convert.grow_transformer(base_vars['params'], wide_fresh)
+
+
 K_INVARIANT = {'add': True, 'token_blind': True, 'concat': True, 'none': True, 'tied': True}
 
 

@@ -279,7 +279,7 @@ def test_two_processes_train_together_and_agree(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_init_from_converts_or_continues_a_transformer_exactly(data_dir, tmp_path):
-  # A learning rate of ~0 leaves the weights as loaded: the first evaluation then shows whether
+  # Also grows it (a deeper transformer run). A learning rate of ~0 leaves the weights as loaded: the first evaluation then shows whether
   # the converted model (zero-initialised correction) and the continued transformer reproduce
   # the source transformer's validation loss.
   source = str(tmp_path / 'source')
@@ -287,12 +287,13 @@ def test_init_from_converts_or_continues_a_transformer_exactly(data_dir, tmp_pat
   t_cfg = tiny_train_config(data_dir, total_steps=2)
   t_cfg.model = models.model_config(kind='transformer', **shape)
   trained = train.train_and_evaluate(t_cfg, source)
-  for kind in ('context_ready', 'transformer'):
+  for kind, depth in (('context_ready', 1), ('transformer', 1), ('transformer', 3)):
     cfg = tiny_train_config(data_dir, total_steps=1, init_from=source, eval_sequential=True,
                             **{'optim.lr': 1e-30, 'optim.warmup_steps': 0})
-    cfg.model = models.model_config(kind=kind, k_unroll=3, **shape)
-    summary = train.train_and_evaluate(cfg, str(tmp_path / kind))
-    assert summary['val_loss'] == pytest.approx(trained['val_loss'], rel=1e-6), kind
+    cfg.model = models.model_config(kind=kind, k_unroll=3, **{**shape, 'depth': depth})
+    summary = train.train_and_evaluate(cfg, str(tmp_path / f'{kind}{depth}'))
+    # depth 3: grown by two pass-through blocks (convert.grow_transformer)
+    assert summary['val_loss'] == pytest.approx(trained['val_loss'], rel=1e-6), (kind, depth)
     if kind == 'context_ready':
       assert summary['val_loss_sequential'] == pytest.approx(trained['val_loss'], rel=1e-6)
   other = tiny_train_config(data_dir, total_steps=1, init_from=source)
