@@ -12,8 +12,8 @@ two read-outs of that value:
          --fit_examples examples of one stream and scored on --examples fresh ones: is the answer
          linearly present in any direction, whether or not the head can read it there?
 A level-L key whose answer only appears after the last block cannot feed a later lookup: the
-composition a level-(L+1) key needs has no layer left (docs/pointer_chasing.md, "Where the
-answers live"). Transformers only (a context-ready unit's layers are iterated, not stacked).
+composition a level-(L+1) key needs has no layer left (docs/pointer_chasing.md, "A hop
+curriculum, and where the answers live"). Transformers only (a context-ready unit's layers are iterated, not stacked).
 
 The json holds the command, each workdir's checkpoint step, and the accuracy per (level, slot,
 layer) for both read-outs.
@@ -36,6 +36,7 @@ sys.path.insert(0, ROOT)
 
 from ctr_jax import checkpointing  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctr_jax import models  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ctr_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctr_jax.bench import suite  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctr_jax.data import pointer_chasing as generator  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -49,7 +50,7 @@ SLOTS = ('target side', "'='", 'key')
 FIT_SEED, SCORE_SEED = -2, generator.EVAL_SEED  # both apart from every training seed (>= 0)
 
 
-def residuals(model, params, tokens) -> list[np.ndarray]:
+def residuals(model, params, tokens) -> list[jax.Array]:
   """[embeddings, after block 1, ..., after block N], each float32 [B, T, C] (traceable)."""
   is_block = lambda mdl, method: method == '__call__' and (mdl.name or '').startswith('block_')
   _, state = model.apply({'params': params}, tokens, capture_intermediates=is_block)
@@ -61,16 +62,15 @@ def residuals(model, params, tokens) -> list[np.ndarray]:
 
 
 def entry_slots(hops: int, encoding: str) -> dict[tuple[int, str], np.ndarray]:
-  """(level, slot) -> the positions of that slot in the level's table (8 each)."""
-  starts = generator._level_starts(hops, encoding)  # pylint: disable=protected-access
-  out = {}
-  for level in range(hops):
-    keys = starts[level] + 3 * np.arange(generator.NUM_KEYS) + 2
-    for offset, slot in zip((-2, -1, 0), SLOTS):
-      if level == 0 and slot == 'target side':
-        continue  # the value token itself
-      out[(level, slot)] = keys + offset
-  return out
+  """(table level, slot) -> the positions of that slot in the level's table (8 each); level 0
+  has no target side with a lookup (it is the value token itself)."""
+  labels = generator.position_labels(hops, encoding)
+  # An entry's target side is labelled with the level of the key it holds, one below its table.
+  kinds = tuple(zip((generator.ENTRY_TARGET, generator.EQUALS_TARGET, generator.TABLE_KEY),
+                    (1, 0, 0), SLOTS))
+  return {(level, slot): np.flatnonzero((labels.kind == kind) & (labels.level + shift == level))
+          for level in range(hops) for kind, shift, slot in kinds
+          if level or kind != generator.ENTRY_TARGET}
 
 
 def _stream(hops, encoding, seed, count, batch=64):
@@ -88,22 +88,25 @@ def layer_readouts(model, params, hops: int, encoding: str, examples: int,
   slots = entry_slots(hops, encoding)
   value0 = generator.value_token(hops, 0)
   layers = model.spec.depth + 1
-  run = jax.jit(lambda tokens: residuals(model, params, tokens))
-  head = jax.jit(lambda x: model.apply({'params': params}, x, method='logits'))
+
+  @jax.jit
+  def run(tokens):  # every layer's residual, and the head's guess read off it (the lens)
+    stream = residuals(model, params, tokens)
+    lens = [model.apply({'params': params}, x, method='logits').argmax(-1) for x in stream]
+    return stream, lens
 
   def collect(seed, count, with_lens):
     feats = {k: [[] for _ in range(layers)] for k in slots}
     answers = {k: [] for k in slots}
     lens_hits = {k: np.zeros(layers) for k in slots}
     for tokens, targets in _stream(hops, encoding, seed, count):
-      stream = [np.asarray(x) for x in run(jnp.asarray(tokens))]
+      stream, lens = jax.tree.map(np.asarray, run(jnp.asarray(tokens)))
       for key, pos in slots.items():
         answers[key].append(targets[:, pos].reshape(-1) - value0)
         for layer, x in enumerate(stream):
           feats[key][layer].append(x[:, pos].reshape(-1, x.shape[-1]))
           if with_lens:
-            guess = np.asarray(head(jnp.asarray(x[:, pos]))).argmax(-1)
-            lens_hits[key][layer] += np.sum(guess == targets[:, pos])
+            lens_hits[key][layer] += np.sum(lens[layer][:, pos] == targets[:, pos])
     feats = {k: [np.concatenate(f) for f in v] for k, v in feats.items()}
     answers = {k: np.concatenate(v) for k, v in answers.items()}
     return feats, answers, lens_hits
@@ -131,10 +134,8 @@ def analyse(workdir: str, examples: int, fit_examples: int) -> dict:
   with open(os.path.join(workdir, 'config.json')) as f:
     data = json.load(f)['data']
   hops, encoding = int(data['hops']), data.get('encoding', generator.DEFAULT_ENCODING)
-  fields, params = suite.load_checkpoint(workdir)
+  fields, params = suite.load_checkpoint(workdir, field='--workdirs')
   model = models.build(suite.model_config(fields))
-  if model.spec.is_context_ready:
-    raise ValueError(f'{workdir}: a context-ready model; this analysis reads stacked layers')
   rows = layer_readouts(model, params, hops, encoding, examples, fit_examples)
   step = max(checkpointing.steps(workdir))  # the checkpoint `load_checkpoint` restored
   return {'workdir': workdir, 'model': f't{model.spec.depth}', 'depth': model.spec.depth,
@@ -166,9 +167,7 @@ def main(argv):
   if FLAGS.out:
     command = ' '.join(['python', 'scripts/pointer_chasing_layers.py']
                        + [shlex.quote(a) for a in sys.argv[1:]])
-    with open(FLAGS.out, 'w') as f:
-      json.dump({'command': command, 'results': results}, f, indent=2)
-      f.write('\n')
+    workdir_lib.write_json(FLAGS.out, {'command': command, 'results': results})
 
 
 if __name__ == '__main__':

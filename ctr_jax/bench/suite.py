@@ -166,14 +166,15 @@ def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmu
           'iterations': int(iterations), 'max_abs_logit_diff': diff}
 
 
-def load_checkpoint(workdir: str):
-  """(model-config fields, params) of the latest checkpoint of a training run's workdir."""
+def load_checkpoint(workdir: str, field: str = 'bench.chunked.checkpoint'):
+  """(model-config fields, params) of the latest checkpoint of a training run's workdir; errors
+  name `field`, the setting that gave the workdir."""
   import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   config_path = os.path.join(workdir, 'config.json')
   if not os.path.exists(config_path):
-    raise ValueError(f'bench.chunked.checkpoint: {workdir!r} holds no config.json (give the '
+    raise ValueError(f'{field}: {workdir!r} holds no config.json (give the '
                      'workdir of a training run, e.g. /tmp/ctr_quickstart)')
   with open(config_path) as f:
     saved = json.load(f)['model']
@@ -181,7 +182,7 @@ def load_checkpoint(workdir: str):
   mngr = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), 'checkpoints'),
                                item_names=('state', 'data_iter', 'meta'))
   if mngr.latest_step() is None:
-    raise ValueError(f'bench.chunked.checkpoint: {workdir!r} holds no checkpoint')
+    raise ValueError(f'{field}: {workdir!r} holds no checkpoint')
   restored = mngr.restore(mngr.latest_step(),
                           args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   return fields, restored['state']['params']
