@@ -1,6 +1,9 @@
 """Chunked prefill (decode.chunked_prefill) against the exact position scan: the decode state it
 fills, the tokens and logits decoded after it, its tolerance mode and its argument checks."""
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -217,3 +220,25 @@ def test_chunked_generate_writes_the_kv_cache_in_place(kind):
   state = decode.init_decode_state(model, 1, 11 + num_tokens)
   copies = loop_cache_copies(hlo, {tuple(x.shape) for x in jax.tree.leaves(state.caches)})
   assert not copies, copies[:3]
+
+
+def test_anderson_script_plain_iteration_is_chunked_prefill_and_mixing_converges():
+  """scripts/prefill_anderson.py: memory 0 takes exactly chunked_prefill's passes in the
+  tolerance mode, and Anderson mixing reaches the same fixed point (the scan's logits)."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  'scripts'))
+  import prefill_anderson  # pylint: disable=g-import-not-at-top
+  model, variables, tokens, _ = _setup(8, length_range=(12, 16))
+  variables = _contracting(variables, 0.3)
+  t0 = tokens.shape[1]
+  chunk, tolerance = t0 // 2 + 1, 1e-5
+  ref_logits, _ = decode.prefill(model, variables, tokens, t0 + 1)
+  _, _, used = decode.chunked_prefill(model, variables, tokens, t0 + 1, chunk=chunk,
+                                      tolerance=tolerance)
+  for memory in (0, 2):
+    logits, script_used, trace = prefill_anderson.prefill(
+        model, variables['params'], tokens, memory, chunk, tolerance, max_passes=chunk)
+    if memory == 0:
+      assert script_used == [int(n) for n in used]
+    assert trace[-1] <= tolerance < trace[0]
+    assert max_abs_diff(logits, ref_logits) <= 1e-3
