@@ -55,7 +55,7 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
   c.chunked = ml_collections.ConfigDict({
       # Tuples, so that a command line can override them: --config.chunked.chunks='(32, 64)'.
       'sizes': ('d2_c256', 'd5_c1120', 'd1_c2048'), 'vocab_size': 32000, 'prompt_len': 512,
-      'chunks': (16, 32, 64, 128), 'passes': (1, 2, 3, 4, 8), 'tolerance': 1e-4,
+      'chunks': (16, 32, 64, 128, 256), 'passes': (1, 2, 3, 4, 8), 'tolerance': 1e-4,
       'tolerance_passes': 16, 'checkpoint': ''})
   c.scaling = ml_collections.ConfigDict({
       'train_model': {'kind': 'context_ready', 'width': 256, 'depth': 2, 'num_heads': 4,

@@ -1,6 +1,6 @@
 """CPU benchmark of the chunked prefill: the exact position scan against `decode.chunked_prefill`
 on a 512-token prompt at d2_c256 and the paper sizes d5_c1120 and d1_c2048 (random weights),
-per chunk size (16, 32, 64, 128) and pass count (1, 2, 3, 4, 8), plus the tolerance mode
+per chunk size (16, 32, 64, 128, 256) and pass count (1, 2, 3, 4, 8), plus the tolerance mode
 (max |c_new - c| <= 1e-4, at most 16 passes, which is exact for chunk 16):
 
   python -m ctr_jax.bench --config=configs/bench/prefill_cpu.py
