@@ -109,7 +109,7 @@ def prefill(model, params, prompt, memory: int, chunk: int, tolerance: float, ma
 def main(argv):
   del argv
   if FLAGS.checkpoint:
-    fields, params = suite.load_checkpoint(FLAGS.checkpoint)
+    fields, params = suite.load_checkpoint(FLAGS.checkpoint, '--checkpoint')
     prompt_len = min(FLAGS.prompt_len, fields['max_len'])
   else:
     prompt_len = FLAGS.prompt_len
