@@ -109,7 +109,10 @@ def prefill(model, params, prompt, memory: int, chunk: int, tolerance: float, ma
 def main(argv):
   del argv
   if FLAGS.checkpoint:
-    fields, params = suite.load_checkpoint(FLAGS.checkpoint, '--checkpoint')
+    try:
+      fields, params = suite.load_checkpoint(FLAGS.checkpoint, '--checkpoint')
+    except ValueError as e:  # a user mistake: no traceback
+      raise app.UsageError(str(e)) from None
     prompt_len = min(FLAGS.prompt_len, fields['max_len'])
   else:
     prompt_len = FLAGS.prompt_len

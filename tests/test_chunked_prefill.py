@@ -242,3 +242,19 @@ def test_anderson_script_plain_iteration_is_chunked_prefill_and_mixing_converges
       assert script_used == [int(n) for n in used]
     assert trace[-1] <= tolerance < trace[0]
     assert max_abs_diff(logits, ref_logits) <= 1e-3
+
+
+def test_anderson_script_bad_checkpoint_is_a_usage_error_naming_the_flag(tmp_path):
+  """A workdir without a run is a user mistake: an absl usage error naming --checkpoint."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  'scripts'))
+  import prefill_anderson  # pylint: disable=g-import-not-at-top
+  flags.FLAGS(['prefill_anderson', f'--checkpoint={tmp_path}'])
+  try:
+    with pytest.raises(app.UsageError, match='--checkpoint'):
+      prefill_anderson.main([])
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert not os.listdir(tmp_path)  # nothing written into the user's directory
