@@ -9,6 +9,10 @@
   python scripts/pointer_chasing_sweep.py --hops=3 --stop_accuracy=0.99  # stop runs once solved
   python scripts/pointer_chasing_sweep.py --hops=3 --report_only   # re-read finished runs
   bash launch/pointer_chasing_h10.sh   # H = 10 on one GPU within a time budget (--time_budget_s)
+  # Beyond the 5,000 steps: continue copies of finished runs to 10,000, in a report of their own.
+  python scripts/pointer_chasing_sweep.py --hops=3 --encoding=tables --models=d1_bptt \
+      --first_seed=1 --seeds=1 --steps=10000 --continue_from=workdirs/pointer_chasing \
+      --root=workdirs/pointer_chasing_10k --docs=docs/pointer_chasing_10k
 
 Each model is one `python -m ctr_jax.main --config=configs/pointer_chasing.py:...` run in its own
 workdir under --root, so an interrupted sweep resumes where it stopped; every launch is appended
@@ -64,6 +68,11 @@ flags.DEFINE_float('stop_accuracy', 0.0, 'If > 0: each run stops at the first pe
 flags.DEFINE_string('hop_curriculum', '', 'If set, e.g. "1:500/2:1500": train on examples with '
                     'fewer table levels first (configs/pointer_chasing.py arg hop_curriculum, our '
                     'schedule); such runs get their own workdirs and rows.')
+flags.DEFINE_string('continue_from', '', 'A root of shorter runs (e.g. workdirs/pointer_chasing): '
+                    'a model whose workdir under --root does not exist yet starts as a copy of '
+                    'its workdir there (checkpoints, data iterator, metrics, ledger) and resumes '
+                    'to --steps (constant learning rate: the same as one longer run). The copy '
+                    'is a line of the ledger. Use another --root and --docs than the source\'s.')
 flags.DEFINE_bool('equals_targets', False, "Train with the helper targets on every entry's '=' "
                   '(configs/pointer_chasing.py arg equals_targets=1); evaluation is unchanged.')
 
@@ -122,10 +131,13 @@ def finished(summary: dict, steps: int) -> bool:
 def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (), seed: int = 0,
         extra: tuple[str, ...] = (), train: bool = True,
         encoding: str = DEFAULT_ENCODING, stop_accuracy: float = 0.0,
-        hop_curriculum: str = '') -> dict | None:
+        hop_curriculum: str = '', continue_from: str = '') -> dict | None:
   """Trains (or resumes) one model unless its summary says it finished; its record."""
   workdir = workdir_for(name, hops, root, used, seed, encoding, hop_curriculum)
   summary_path = os.path.join(workdir, 'summary.json')
+  if train and continue_from and not os.path.exists(workdir):
+    copy_run(workdir_for(name, hops, continue_from, used, seed, encoding, hop_curriculum),
+             workdir)
   if train:
     done = False
     if os.path.exists(summary_path):
@@ -156,6 +168,26 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
           'invocations': launches,
           # Ledgers before 2026-12-02 did not record the machine: those rows have none.
           'machines': sorted({l['machine'] for l in launches if l.get('machine')})}
+
+
+def copy_run(source: str, workdir: str) -> None:
+  """Starts `workdir` as a copy of the run in `source` (without its lock), the copy recorded as
+  a ledger line; written under a temporary name first, so no half copy is ever a workdir."""
+  step = repro_lib.latest_checkpoint(source)
+  if step is None:
+    raise app.UsageError(f'--continue_from: {repro_lib.shown(source)!r} holds no checkpoint of '
+                         'this model (allowed: a root whose runs of these models have trained)')
+  if os.path.abspath(source) == os.path.abspath(workdir):
+    raise app.UsageError('--continue_from: the same directory as --root; allowed: another root')
+  partial = workdir + '.copying'
+  shutil.rmtree(partial, ignore_errors=True)
+  shutil.copytree(source, partial, ignore=shutil.ignore_patterns('.ctr_jax.lock'))
+  entry = {'command': f'cp -r {repro_lib.shown(source)} {repro_lib.shown(workdir)}',
+           'resumed_from_step': None, 'copied_at_step': step, 'exit_code': 0, 'seconds': 0.0,
+           'machine': repro_lib.host()}
+  with open(os.path.join(partial, 'invocations.jsonl'), 'a') as f:
+    f.write(json.dumps(entry) + '\n')
+  os.rename(partial, workdir)
 
 
 def probe_step_seconds(name: str, hops: int, root: str, probe_steps: int,
@@ -327,7 +359,8 @@ def main(argv):
   results = [r for r in (run(n, FLAGS.hops, steps, FLAGS.root, used, seed, extra,
                              train=not FLAGS.report_only, encoding=FLAGS.encoding,
                              stop_accuracy=FLAGS.stop_accuracy,
-                             hop_curriculum=FLAGS.hop_curriculum)
+                             hop_curriculum=FLAGS.hop_curriculum,
+                             continue_from=FLAGS.continue_from)
                          for seed in range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)
                          for n in names) if r]
   report = os.path.join(FLAGS.docs, 'pointer_chasing.json')

@@ -283,3 +283,38 @@ def test_stop_accuracy_ends_training_at_the_first_solved_evaluation(tmp_path, mo
   assert written['step'] == summary['step'] == 4 and written['stopped_early_at_step'] == 4
   assert written['eval_examples'] == 16  # the final evaluation still ran
   assert checkpointing.read_meta(str(tmp_path / 'run'))['step'] == 4
+
+
+def test_continue_from_copies_a_finished_run_and_extends_it_exactly(tmp_path):
+  """--continue_from: a copy of a finished 2-step run, resumed to 4 steps, trains the same losses
+  as one 4-step run (constant learning rate), and the copy is a line of its ledger."""
+  sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+  import pointer_chasing_sweep as sweep  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  short_root, long_root = str(tmp_path / 'short'), str(tmp_path / 'long')
+  source = sweep.workdir_for('d1_bptt', 1, short_root)
+  train.train_and_evaluate(small('hops=1,model=d1_bptt', log_every=1, total_steps=2), source)
+  with open(os.path.join(source, 'invocations.jsonl'), 'w') as f:
+    f.write(json.dumps({'command': 'first launch', 'resumed_from_step': None}) + '\n')
+  open(os.path.join(source, '.ctr_jax.lock'), 'w').close()
+  target = sweep.workdir_for('d1_bptt', 1, long_root)
+  sweep.copy_run(source, target)
+  assert sorted(os.listdir(long_root)) == [os.path.basename(target)]  # no partial copy left
+  assert not os.path.exists(os.path.join(target, '.ctr_jax.lock'))
+  first, copied = [json.loads(l) for l in open(os.path.join(target, 'invocations.jsonl'))]
+  assert first['command'] == 'first launch' and copied['copied_at_step'] == 2
+  assert copied['command'].startswith('cp -r ') and copied['command'].endswith(target)
+  train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), target)
+  straight = str(tmp_path / 'straight')
+  train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), straight)
+
+  def losses(path):
+    with open(os.path.join(path, 'metrics.jsonl')) as f:
+      return [r['train_loss'] for r in map(json.loads, f) if 'train_loss' in r]
+  assert losses(target) == losses(straight) and len(losses(straight)) == 4
+  assert len(losses(source)) == 2  # the source is untouched
+  with pytest.raises(app.UsageError, match='--continue_from'):
+    sweep.copy_run(str(tmp_path / 'nothing'), str(tmp_path / 'elsewhere'))
+  with pytest.raises(app.UsageError, match='another root'):
+    sweep.copy_run(source, source)
+  assert not os.path.exists(tmp_path / 'elsewhere')
