@@ -11,7 +11,8 @@
   bash launch/pointer_chasing_h10.sh   # H = 10 on one GPU within a time budget (--time_budget_s)
   # Beyond the 5,000 steps: continue copies of finished runs to 10,000, in a report of their own.
   python scripts/pointer_chasing_sweep.py --hops=3 --encoding=tables --models=d1_bptt \
-      --first_seed=1 --seeds=1 --steps=10000 --continue_from=workdirs/pointer_chasing \
+      --first_seed=1 --seeds=1 --steps=10000 --stop_accuracy=0.99 \
+      --continue_from=workdirs/pointer_chasing \
       --root=workdirs/pointer_chasing_10k --docs=docs/pointer_chasing_10k
 
 Each model is one `python -m ctr_jax.main --config=configs/pointer_chasing.py:...` run in its own
@@ -135,10 +136,10 @@ def run(name: str, hops: int, steps: int, root: str, used: tuple[str, ...] = (),
   """Trains (or resumes) one model unless its summary says it finished; its record."""
   workdir = workdir_for(name, hops, root, used, seed, encoding, hop_curriculum)
   summary_path = os.path.join(workdir, 'summary.json')
-  if train and continue_from and not os.path.exists(workdir):
-    copy_run(workdir_for(name, hops, continue_from, used, seed, encoding, hop_curriculum),
-             workdir)
   if train:
+    if continue_from and not os.path.exists(workdir):
+      copy_run(workdir_for(name, hops, continue_from, used, seed, encoding, hop_curriculum),
+               workdir)
     done = False
     if os.path.exists(summary_path):
       with open(summary_path) as f:
@@ -177,8 +178,6 @@ def copy_run(source: str, workdir: str) -> None:
   if step is None:
     raise app.UsageError(f'--continue_from: {repro_lib.shown(source)!r} holds no checkpoint of '
                          'this model (allowed: a root whose runs of these models have trained)')
-  if os.path.abspath(source) == os.path.abspath(workdir):
-    raise app.UsageError('--continue_from: the same directory as --root; allowed: another root')
   partial = workdir + '.copying'
   shutil.rmtree(partial, ignore_errors=True)
   shutil.copytree(source, partial, ignore=shutil.ignore_patterns('.ctr_jax.lock'))
@@ -188,6 +187,13 @@ def copy_run(source: str, workdir: str) -> None:
   with open(os.path.join(partial, 'invocations.jsonl'), 'a') as f:
     f.write(json.dumps(entry) + '\n')
   os.rename(partial, workdir)
+
+
+def check_continue_from(continue_from: str, root: str) -> None:
+  """Config-time check: continuing in place would overwrite the shorter runs it starts from."""
+  if continue_from and os.path.abspath(continue_from) == os.path.abspath(root):
+    raise app.UsageError(f'--continue_from: {continue_from!r} is --root itself; allowed: the '
+                         'root of the shorter runs, with another --root (and --docs)')
 
 
 def probe_step_seconds(name: str, hops: int, root: str, probe_steps: int,
@@ -346,6 +352,7 @@ def main(argv):
   names = FLAGS.models.split(',') if FLAGS.models else sweep_models(FLAGS.hops)
   used = tuple(h for h in HELPERS if FLAGS[f'{h}_targets'].value)
   extra = tuple(FLAGS.extra.split())
+  check_continue_from(FLAGS.continue_from, FLAGS.root)
   steps = FLAGS.steps
   if FLAGS.time_budget_s > 0 and not FLAGS.report_only:
     seconds = {n: probe_step_seconds(n, FLAGS.hops, FLAGS.root, FLAGS.probe_steps, extra,

@@ -315,6 +315,8 @@ def test_continue_from_copies_a_finished_run_and_extends_it_exactly(tmp_path):
   assert len(losses(source)) == 2  # the source is untouched
   with pytest.raises(app.UsageError, match='--continue_from'):
     sweep.copy_run(str(tmp_path / 'nothing'), str(tmp_path / 'elsewhere'))
-  with pytest.raises(app.UsageError, match='another root'):
-    sweep.copy_run(source, source)
+  with pytest.raises(app.UsageError, match='is --root itself'):
+    sweep.check_continue_from(short_root + '/', short_root)
+  sweep.check_continue_from(short_root, long_root)
+  sweep.check_continue_from('', long_root)
   assert not os.path.exists(tmp_path / 'elsewhere')
