@@ -7,14 +7,16 @@ a time (medians after warm-up; the tables in docs/benchmarks.md).
 Training rows: the current code; [in, out] dense kernels (the previous layout); the previous
 hand-written attention kernel (5-D [B, G, R, T, Dh] grouped einsums, manual softmax); attention by
 autodiff of the plain einsum formula (the kernel before that); causal query blocks
-(`attention_blocks=4`); exact-erf GELU instead of GPT-2's tanh form; XLA:CPU without YNNPACK dot
-fusions. The training rows share one process and are timed in turn, one step of each per round
+(`attention_blocks=4`); exact-erf GELU instead of GPT-2's tanh form; the RoPE sin/cos tables
+left to XLA:CPU's fusion (recomputed per head and batch row; `attention.rotation_table`); XLA:CPU
+without YNNPACK dot fusions. The training rows share one process and are timed in turn, one step of each per round
 (paired: this machine drifts by 10-15% over minutes), except the XLA-flag row, which needs its
 own process and is timed beside a fresh 'current code' row. Decode rows: the current code;
 [in, out] kernels; three query/key/value products per layer instead of the one
 `attention.fuse_qkv` prepares; each in a fresh process.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -82,14 +84,10 @@ def paired_step_ms(rows, rounds=7) -> dict:
   from ctr_jax.bench import timing  # pylint: disable=g-import-not-at-top
   runners = {}
   for row in rows:
-    original = attention.dot_product_attention
-    attention.dot_product_attention = PATCHES.get(row, original)
-    try:
+    with patched(row):
       run = suite.train_step_runner(base.peer_shape(**OVERRIDES.get(row, {})), seq_len=256,
                                     batch=8, k_unroll=0)[0]
       jax.block_until_ready(run())  # traced and compiled under the patch
-    finally:
-      attention.dot_product_attention = original
     runners[row] = run
   times = timing.interleaved_seconds(runners, warmup=1, repeats=rounds)
   return {row: 1e3 * sorted(t)[len(t) // 2] for row, t in times.items()}
@@ -107,14 +105,32 @@ def decode_ms(batch: int, **model_overrides) -> float:
 
 OVERRIDES = {'in_out': {'kernel_layout': 'in_out'}, 'exact_gelu': {'activation': 'gelu'},
              'causal_blocks': {'attention_blocks': 4}}
-PATCHES = {'autodiff_attention': lambda q, k, v, mask, scale, causal_blocks=1:
-           autodiff_attention(q, k, v, mask, scale),
-           'grouped_5d': grouped_5d_attention}
+# row -> (attribute of ctr_jax.models.attention, what replaces it while the row is traced)
+PATCHES = {'autodiff_attention': ('dot_product_attention',
+                                  lambda q, k, v, mask, scale, causal_blocks=1:
+                                  autodiff_attention(q, k, v, mask, scale)),
+           'grouped_5d': ('dot_product_attention', grouped_5d_attention),
+           'rope_tables_fused': ('rotation_table', lambda table: table)}
+
+
+@contextlib.contextmanager
+def patched(row: str):
+  if row not in PATCHES:
+    yield
+    return
+  name, replacement = PATCHES[row]
+  original = getattr(attention, name)
+  setattr(attention, name, replacement)
+  try:
+    yield
+  finally:
+    setattr(attention, name, original)
 
 
 def child(what: str, row: str):
   if row in PATCHES:
-    attention.dot_product_attention = PATCHES[row]
+    name, replacement = PATCHES[row]
+    setattr(attention, name, replacement)
   if row == 'unfused_qkv':
     attention.fuse_qkv = lambda variables: variables
   overrides = OVERRIDES.get(row, {})
@@ -147,7 +163,8 @@ def main():
           ('5-D grouped attention kernel (previous)', 'grouped_5d'),
           ('attention by autodiff (the kernel before)', 'autodiff_attention'),
           ('causal query blocks (`attention_blocks=4`)', 'causal_blocks'),
-          ('exact-erf GELU', 'exact_gelu')]
+          ('exact-erf GELU', 'exact_gelu'),
+          ('RoPE sin/cos fused into the rotation (previous)', 'rope_tables_fused')]
   if sys.argv[1:2] == ['--paired_child']:
     for row, ms in paired_step_ms([r for _, r in rows]).items():
       print(f'{row} {ms:.1f}')

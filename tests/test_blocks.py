@@ -1,5 +1,7 @@
 """Block families: construction, decoding, parameter names and the family-specific pieces."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,6 +142,40 @@ def test_integer_rope_spins_pair_j_by_j_radians_per_position():
   xc = np.asarray(x[..., :4]) + 1j * np.asarray(x[..., 4:])   # pair (j, j + 4) as a complex
   expected = xc * np.exp(1j * np.asarray(pos)[None, :, None, None] * np.arange(4))
   np.testing.assert_allclose(y[..., :4] + 1j * y[..., 4:], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_rope_matches_the_complex_rotation_and_computes_its_tables_once(dtype):
+  """RoPE on random sizes equals the rotation of pair (j, j + Dh/2) as a complex number by
+  position * base^(-2j/Dh), in value and gradient; on a CPU the compiled rotation reads its
+  sin/cos tables instead of recomputing them per head and batch row (no fusion bigger than a
+  table evaluates sin or cos: `attention.rotation_table`)."""
+  rng = np.random.default_rng(7)
+  b, t, h, half = (int(n) for n in rng.integers(2, 6, size=4))
+  x = jnp.asarray(rng.standard_normal((b, t, h, 2 * half)), dtype)
+  pos = jnp.asarray(rng.integers(0, 50, size=(b, t)))
+  base = 100.0
+  y = np.asarray(jax.jit(attention.rope, static_argnums=2)(x, pos, base), np.float64)
+  xf = np.asarray(x, np.float64)
+  angles = np.asarray(pos)[..., None, None] * base ** (-np.arange(half) / half)
+  expected = (xf[..., :half] + 1j * xf[..., half:]) * np.exp(1j * angles)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(y[..., :half] + 1j * y[..., half:], expected, rtol=tol, atol=tol)
+  # The rotation is orthogonal, so the gradient of <rope(x), c> is the inverse rotation of c.
+  c = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+  grad = jax.grad(lambda x: jnp.sum(attention.rope(x, pos, base).astype(jnp.float32) * c))(
+      x.astype(jnp.float32))
+  cf = np.asarray(c, np.float64)
+  back = (cf[..., :half] + 1j * cf[..., half:]) * np.exp(-1j * angles)
+  np.testing.assert_allclose(grad[..., :half] + 1j * grad[..., half:], back, rtol=1e-5,
+                             atol=1e-5)
+  if jax.default_backend() == 'cpu':
+    hlo = jax.jit(attention.rope, static_argnums=2).lower(x, pos, base).compile().as_text()
+    headers = [c.split('\n')[0] for c in re.split(r'\n(?=\S)', hlo)
+               if re.search(r' (sine|cosine)\(', c) and not c.startswith('ENTRY')]
+    assert headers, hlo
+    rotated = f'[{b},{t},{h},{2 * half}]'
+    assert not [head for head in headers if rotated in head.split('->')[-1]], headers
 
 
 @pytest.mark.parametrize('positions, depth', [('rope_integer', 1), ('none', 2)])

@@ -30,6 +30,22 @@ Cache = dict[str, jax.Array]  # {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]}
 # ------------------------------------------------------------------------------------------------
 
 
+def rotation_table(table: jax.Array) -> jax.Array:
+  """The sin or cos table [.., T, Dh/2], computed once rather than once per head and batch row.
+
+  XLA:CPU fuses the sin and cos into the rotation that broadcasts them over B and H, so every
+  element of q and k recomputed two transcendentals (64x the work at the peer shape: ~8% of
+  the training step's thread time, docs/benchmarks.md), and it drops an optimization barrier
+  before fusing. A product with the identity is exact (each output is 1 x one input plus
+  zeros) and ends the fusion, so the table is materialised; tests/test_models.py checks the
+  compiled step. Other backends keep the plain table.
+  """
+  if jax.default_backend() != 'cpu':
+    return table
+  eye = jnp.eye(table.shape[-1], dtype=table.dtype)
+  return jnp.matmul(table, eye, precision=jax.lax.Precision.HIGHEST)
+
+
 def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0,
          integer: bool = False) -> jax.Array:
   """Rotates pairs (i, i + Dh/2) of x [B, T, H, Dh] by angle position * base^(-2i/Dh) / factor.
@@ -50,7 +66,8 @@ def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0,
   angles = positions.astype(dtype)[..., None] * inv_freq  # [B, T, Dh/2] or [T, Dh/2]
   if angles.ndim == 2:
     angles = angles[None]
-  sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+  sin, cos = rotation_table(jnp.sin(angles)), rotation_table(jnp.cos(angles))
+  sin, cos = sin[:, :, None, :], cos[:, :, None, :]
   x1, x2 = x[..., :half].astype(dtype), x[..., half:].astype(dtype)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return rotated.astype(x.dtype)
@@ -116,7 +133,8 @@ def cached_attention(q, k, v, mask, scale: float) -> jax.Array:
   r = h // g
   acc = accumulation_dtype(q.dtype)
   qh = jnp.transpose(q.reshape(b, tq, g, r, dh), (0, 2, 3, 1, 4)).reshape(b * g, r * tq, dh)
-  logits = jnp.einsum('nqd,nds->nqs', qh, k, preferred_element_type=acc) * scale
+  qh = qh * jnp.asarray(scale, qh.dtype)  # scaled as `dot_product_attention` does
+  logits = jnp.einsum('nqd,nds->nqs', qh, k, preferred_element_type=acc)
   mask = jnp.broadcast_to(mask[:, None, None], (b, g, r) + mask.shape[1:])
   logits = jnp.where(mask.reshape(logits.shape), logits, jnp.finfo(acc).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
@@ -124,9 +142,9 @@ def cached_attention(q, k, v, mask, scale: float) -> jax.Array:
   return jnp.transpose(out.reshape(b, g, r, tq, dh), (0, 3, 1, 2, 4)).reshape(b, tq, h, dh)
 
 
-def _attention_probs(q, k, mask, scale):
-  acc = accumulation_dtype(q.dtype)
-  logits = jnp.einsum('nqd,nkd->nqk', q, k, preferred_element_type=acc) * scale
+def _attention_probs(scaled_q, k, mask):
+  acc = accumulation_dtype(scaled_q.dtype)
+  logits = jnp.einsum('nqd,nkd->nqk', scaled_q, k, preferred_element_type=acc)
   # finfo.min, not -inf: a fully masked row then averages instead of producing NaN.
   return jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(acc).min), axis=-1)
 
@@ -138,14 +156,17 @@ def _attention(q, k, v, mask, scale):
 
 
 def _attention_forward(q, k, v, mask, scale):
-  probs = _attention_probs(q, k, mask, scale)
+  # The scale goes on q [N, Q, Dh], not on the scores [N, Q, S]: XLA:CPU's product fusions
+  # take the scalar as a materialised [N, Q, S] array, read again in the backward pass.
+  scaled_q = q * jnp.asarray(scale, q.dtype)
+  probs = _attention_probs(scaled_q, k, mask)
   out = jnp.einsum('nqk,nkd->nqd', probs.astype(v.dtype), v,
                    preferred_element_type=probs.dtype).astype(q.dtype)
-  return out, (q, k, v, mask, probs, out)
+  return out, (scaled_q, k, v, mask, probs, out)
 
 
 def _attention_backward(scale, residuals, d_out):
-  q, k, v, mask, probs, out = residuals
+  scaled_q, k, v, mask, probs, out = residuals
   acc = probs.dtype
   d_out_acc = d_out.astype(acc)
   # The products take their operands in the inputs' dtype and accumulate in `acc`, as the
@@ -155,11 +176,12 @@ def _attention_backward(scale, residuals, d_out):
   d_probs = jnp.einsum('nqd,nkd->nqk', d_out, v, preferred_element_type=acc)
   # Softmax backward: rowsum(dP * P) == rowsum(dO * O) per query.
   delta = jnp.sum(d_out_acc * out.astype(acc), axis=-1, keepdims=True)
-  d_logits = probs * (d_probs - delta) * scale
+  d_logits = probs * (d_probs - delta)  # the gradient of the scaled scores
   dq = jnp.einsum('nqk,nkd->nqd', d_logits.astype(k.dtype), k, preferred_element_type=acc)
-  dk = jnp.einsum('nqk,nqd->nkd', d_logits.astype(q.dtype), q, preferred_element_type=acc)
+  dk = jnp.einsum('nqk,nqd->nkd', d_logits.astype(scaled_q.dtype), scaled_q,
+                  preferred_element_type=acc)
   d_mask = np.zeros(mask.shape, jax.dtypes.float0)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_mask
+  return ((dq * scale).astype(scaled_q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_mask)
 
 
 _attention.defvjp(_attention_forward, _attention_backward)
