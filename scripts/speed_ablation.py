@@ -8,8 +8,8 @@ Training rows: the current code; [in, out] dense kernels (the previous layout); 
 hand-written attention kernel (5-D [B, G, R, T, Dh] grouped einsums, manual softmax); attention by
 autodiff of the plain einsum formula (the kernel before that); causal query blocks
 (`attention_blocks=4`); exact-erf GELU instead of GPT-2's tanh form; the RoPE sin/cos tables
-left to XLA:CPU's fusion (recomputed per head and batch row; `attention.rotation_table`); XLA:CPU
-without YNNPACK dot fusions. The training rows share one process and are timed in turn, one step of each per round
+left to XLA:CPU's fusion (recomputed per head and batch row; `attention.rotation_table`); Flax's
+LayerNorm instead of `ctr_jax.models.layer_norm`; XLA:CPU without YNNPACK dot fusions. The training rows share one process and are timed in turn, one step of each per round
 (paired: this machine drifts by 10-15% over minutes), except the XLA-flag row, which needs its
 own process and is timed beside a fresh 'current code' row. Decode rows: the current code;
 [in, out] kernels; three query/key/value products per layer instead of the one
@@ -105,12 +105,21 @@ def decode_ms(batch: int, **model_overrides) -> float:
 
 OVERRIDES = {'in_out': {'kernel_layout': 'in_out'}, 'exact_gelu': {'activation': 'gelu'},
              'causal_blocks': {'attention_blocks': 4}}
-# row -> (attribute of ctr_jax.models.attention, what replaces it while the row is traced)
-PATCHES = {'autodiff_attention': ('dot_product_attention',
+def flax_layer_norm(spec, name=None):
+  """Flax's LayerNorm (autodiff backward), the norm before `ctr_jax.models.layer_norm`."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.LayerNorm(
+      epsilon=spec.layer_norm_eps, dtype=layers.compute_dtype(spec),
+      param_dtype=layers.param_dtype(spec), name=name)
+
+
+# row -> (module, attribute, what replaces it while the row is traced)
+PATCHES = {'autodiff_attention': (attention, 'dot_product_attention',
                                   lambda q, k, v, mask, scale, causal_blocks=1:
                                   autodiff_attention(q, k, v, mask, scale)),
-           'grouped_5d': ('dot_product_attention', grouped_5d_attention),
-           'rope_tables_fused': ('rotation_table', lambda table: table)}
+           'grouped_5d': (attention, 'dot_product_attention', grouped_5d_attention),
+           'rope_tables_fused': (attention, 'rotation_table', lambda table: table),
+           'flax_layer_norm': (layers, 'layer_norm', flax_layer_norm)}
 
 
 @contextlib.contextmanager
@@ -118,19 +127,19 @@ def patched(row: str):
   if row not in PATCHES:
     yield
     return
-  name, replacement = PATCHES[row]
-  original = getattr(attention, name)
-  setattr(attention, name, replacement)
+  module, name, replacement = PATCHES[row]
+  original = getattr(module, name)
+  setattr(module, name, replacement)
   try:
     yield
   finally:
-    setattr(attention, name, original)
+    setattr(module, name, original)
 
 
 def child(what: str, row: str):
   if row in PATCHES:
-    name, replacement = PATCHES[row]
-    setattr(attention, name, replacement)
+    module, name, replacement = PATCHES[row]
+    setattr(module, name, replacement)
   if row == 'unfused_qkv':
     attention.fuse_qkv = lambda variables: variables
   overrides = OVERRIDES.get(row, {})
@@ -164,7 +173,8 @@ def main():
           ('attention by autodiff (the kernel before)', 'autodiff_attention'),
           ('causal query blocks (`attention_blocks=4`)', 'causal_blocks'),
           ('exact-erf GELU', 'exact_gelu'),
-          ('RoPE sin/cos fused into the rotation (previous)', 'rope_tables_fused')]
+          ('RoPE sin/cos fused into the rotation (previous)', 'rope_tables_fused'),
+          ("Flax's LayerNorm, autodiff backward (previous)", 'flax_layer_norm')]
   if sys.argv[1:2] == ['--paired_child']:
     for row, ms in paired_step_ms([r for _, r in rows]).items():
       print(f'{row} {ms:.1f}')

@@ -145,6 +145,35 @@ def test_integer_rope_spins_pair_j_by_j_radians_per_position():
 
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_layer_norm_matches_flax_in_value_and_gradient(dtype):
+  """`ctr_jax.models.layer_norm` (hand-written backward) against Flax's LayerNorm on random
+  sizes and token ranks, inputs with a large mean included: outputs, and gradients for the
+  input, scale and bias."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(11 if dtype == jnp.float32 else 12)
+  width = int(rng.integers(3, 70))
+  lead = tuple(int(n) for n in rng.integers(1, 6, size=int(rng.integers(1, 4))))
+  spec = models.spec_of(models.model_config(dtype='float32' if dtype == jnp.float32
+                                            else 'bfloat16', layer_norm_eps=1e-5))
+  x = jnp.asarray(rng.standard_normal(lead + (width,)) * 3 + 5, dtype)
+  params = {'scale': jnp.asarray(1 + 0.3 * rng.standard_normal(width), jnp.float32),
+            'bias': jnp.asarray(0.3 * rng.standard_normal(width), jnp.float32)}
+  ours = layers.layer_norm(spec)
+  theirs = nn.LayerNorm(epsilon=1e-5, dtype=dtype, param_dtype=jnp.float32)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.asarray(ours.apply({'params': params}, x), np.float32),
+                             np.asarray(theirs.apply({'params': params}, x), np.float32),
+                             rtol=tol, atol=tol)
+  cotangent = jnp.asarray(rng.standard_normal(lead + (width,)), jnp.float32)
+  def grads(module):
+    loss = lambda p, x: jnp.sum(module.apply({'params': p}, x).astype(jnp.float32) * cotangent)
+    return jax.grad(loss, argnums=(0, 1))(params, x.astype(jnp.float32))
+  for got, want in zip(jax.tree.leaves(grads(ours)), jax.tree.leaves(grads(theirs))):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  assert ours.apply({'params': params}, x).dtype == dtype
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_rope_matches_the_complex_rotation_and_computes_its_tables_once(dtype):
   """RoPE on random sizes equals the rotation of pair (j, j + Dh/2) as a complex number by
   position * base^(-2j/Dh), in value and gradient; on a CPU the compiled rotation reads its

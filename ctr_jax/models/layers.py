@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from ctr_jax.models.config import ModelSpec
+from ctr_jax.models.layer_norm import LayerNorm
 
 
 def compute_dtype(spec: ModelSpec):
@@ -226,11 +227,10 @@ def embedding_init(spec: ModelSpec):
   return nn.initializers.normal(1.0 if spec.init == 'torch' else 0.02)
 
 
-def layer_norm(spec: ModelSpec, name: str | None = None) -> nn.LayerNorm:
-  return nn.LayerNorm(
-      epsilon=spec.layer_norm_eps, dtype=compute_dtype(spec), param_dtype=param_dtype(spec),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)), name=name)
+def layer_norm(spec: ModelSpec, name: str | None = None) -> nn.Module:
+  """LayerNorm with Flax's parameters and maths and a backward pass that suits XLA:CPU
+  (`ctr_jax.models.layer_norm`)."""
+  return LayerNorm(spec, dtype=compute_dtype(spec), param_dtype=param_dtype(spec), name=name)
 
 
 def accumulation_dtype(dtype):
