@@ -3,6 +3,7 @@ a time (medians after warm-up; the tables in docs/benchmarks.md).
 
   python scripts/speed_ablation.py            # training step
   python scripts/speed_ablation.py --decode   # greedy decode, ms per token at batch 1 and 8
+  python scripts/speed_ablation.py --compare current,rope_tables_fused 21   # chosen rows only
 
 Training rows: the current code; [in, out] dense kernels (the previous layout); the previous
 hand-written attention kernel (5-D [B, G, R, T, Dh] grouped einsums, manual softmax); attention by
@@ -79,8 +80,9 @@ def grouped_5d_attention(q, k, v, mask, scale, causal_blocks=1):
   return jnp.moveaxis(core(q, k, v), 3, 1).reshape(b, tq, h, dh)
 
 
-def paired_step_ms(rows, rounds=7) -> dict:
-  """{row: median step ms}, every row's step traced under its own patch, then timed in turn."""
+def paired_step_ms(rows, rounds=7, ratios=False) -> dict:
+  """{row: median step ms}, every row's step traced under its own patch, then timed in turn;
+  with `ratios`, {row: (median step ms, median over rounds of its time / the first row's)}."""
   from ctr_jax.bench import timing  # pylint: disable=g-import-not-at-top
   runners = {}
   for row in rows:
@@ -90,7 +92,11 @@ def paired_step_ms(rows, rounds=7) -> dict:
       jax.block_until_ready(run())  # traced and compiled under the patch
     runners[row] = run
   times = timing.interleaved_seconds(runners, warmup=1, repeats=rounds)
-  return {row: 1e3 * sorted(t)[len(t) // 2] for row, t in times.items()}
+  medians = {row: 1e3 * sorted(t)[len(t) // 2] for row, t in times.items()}
+  if not ratios:
+    return medians
+  first = times[rows[0]]
+  return {row: (medians[row], timing.median_ratio(t, first)) for row, t in times.items()}
 
 
 def step_ms(**model_overrides) -> float:
@@ -175,6 +181,20 @@ def main():
           ('exact-erf GELU', 'exact_gelu'),
           ('RoPE sin/cos fused into the rotation (previous)', 'rope_tables_fused'),
           ("Flax's LayerNorm, autodiff backward (previous)", 'flax_layer_norm')]
+  if sys.argv[1:2] == ['--compare']:
+    # --compare ROW,ROW,... [ROUNDS]: only these rows, paired, each against the first.
+    chosen = sys.argv[2].split(',')
+    labels = dict((r, label) for label, r in rows)
+    unknown = [r for r in chosen if r not in labels]
+    if unknown:
+      sys.exit(f'--compare: unknown rows {unknown}; allowed: {",".join(labels)}')
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 15
+    print(f'| variant of t6_c512 (peer shape), T = 256, B = 8 | step ms | time / first row\'s '
+          f'(median of {rounds} paired rounds) |')
+    print('|---|---|---|')
+    for row, (ms, ratio) in paired_step_ms(chosen, rounds, ratios=True).items():
+      print(f'| {labels[row]} | {ms:.0f} | {ratio:.3f} |', flush=True)
+    return
   if sys.argv[1:2] == ['--paired_child']:
     for row, ms in paired_step_ms([r for _, r in rows]).items():
       print(f'{row} {ms:.1f}')

@@ -214,6 +214,18 @@ def test_truncated_backpropagation_counts_only_its_backward_flops():
   assert abs((one - head) / (full - head) - (4 + 2) / (3 * 4)) < 1e-12
 
 
+def test_peer_bench_config_holds_the_peer_shape_row_and_its_goals():
+  """configs/bench/peer_cpu.py (issue 20's goals alone) validates, times only the peer-shape
+  row beside the peer, and writes its own section."""
+  from configs.bench import peer_cpu  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  config = peer_cpu.get_config()
+  runner.validate(config)
+  assert [t['label'] for t in config.train] == [config.peer.matched_label]
+  assert config.sections == 'train,generate' and config.name == 'peer_cpu'
+  assert config.dtype == 'float32' and config.peer.enabled
+
+
 def test_bf16_bench_config_validates_and_the_peer_follows_its_dtype():
   """configs/bench/cpu_bf16.py is a valid bench config in bfloat16; with torch installed the
   peer's training step and `generate` run under bf16 autocast (its products in bfloat16)."""
