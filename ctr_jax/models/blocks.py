@@ -49,7 +49,7 @@ class _FamilyBlock(nn.Module):
   v + mlp_branch(z).
 
   Traits (class attributes, read through `block_class(spec)`):
-    norm_kind           'layer' (LayerNorm, ctr_jax/models/layer_norm.py), 'rms' (RMSNorm) or 'rms_offset' (Gemma's
+    norm_kind           'layer' (layer_norm.LayerNorm), 'rms' (RMSNorm) or 'rms_offset' (Gemma's
                         RMSNorm storing w of (1 + w)); the family's norm, the final one included
     default_activation  the MLP nonlinearity when `spec.activation` is '' (layers.ACTIVATIONS)
     scale_embeddings    token embeddings times sqrt(C) unless `spec.embed_scale` is set
