@@ -110,6 +110,25 @@ def test_rms_inversion_is_the_constrained_least_squares_minimiser():
     assert best[row] <= others.min() + 1e-12
 
 
+def test_traced_rms_inversion_returns_float64_whichever_thread_runs_the_callback():
+  # XLA may run the host callback on a thread without the tracer's x64 flag; executing a
+  # program compiled under x64 outside the context is the deterministic form of that.
+  from ctr_jax.implicit import stable
+  rng = np.random.default_rng(3)
+  m_host, g_host = rng.normal(size=(3, 9)), rng.normal(size=(3, 9))
+  m_host[0, 2] = 0.0
+  with jax.enable_x64(True):
+    m, g = jnp.asarray(m_host), jnp.asarray(g_host)
+    compiled = jax.jit(stable.rms_inversion).lower(m, g).compile()
+  y, constraint, hard, mu = compiled(m, g)
+  want, info = implicit.solve_rms_inversion(m_host, g_host)
+  assert y.dtype == jnp.float64 and mu.dtype == jnp.float64
+  np.testing.assert_array_equal(np.asarray(y), want)
+  np.testing.assert_array_equal(np.asarray(mu), info['mu'])
+  np.testing.assert_array_equal(np.asarray(constraint), info['constraint'])
+  np.testing.assert_array_equal(np.asarray(hard), info['hard_case'])
+
+
 def test_rms_inversion_hard_case_with_a_zero_scale():
   rng = np.random.default_rng(1)
   m = 2 + np.abs(rng.normal(size=10))

@@ -109,15 +109,39 @@ def rms_inversion(m: jax.Array, g: jax.Array):
 
   Returns (y, constraint residual, hard_case, mu) with y, mu in float32 (float64 under x64).
   """
-  dtype = layers.accumulation_dtype(g.dtype)
+  dtype = np.dtype(layers.accumulation_dtype(g.dtype))
   batch = g.shape[:-1]
+  # JAX canonicalises a callback's operands and results with the x64 flag of the thread the
+  # callback runs on, which need not be the one that traced it under `jax.enable_x64`: float64
+  # would arrive and return as float32 (and be refused). 64-bit values therefore cross as pairs of
+  # uint32 words, canonical under either flag, and are bitcast back bit for bit.
+  wide = dtype.itemsize == 8
+
+  def to_words(x):  # traced side
+    return jax.lax.bitcast_convert_type(x.astype(dtype), jnp.uint32) if wide else x
+
+  def from_words(x):  # traced side
+    return jax.lax.bitcast_convert_type(x, dtype) if wide else x
+
+  def host_in(x):
+    x = np.ascontiguousarray(x)
+    return x.view(np.float64).reshape(x.shape[:-1]) if wide else x
+
+  def host_out(x):
+    x = np.ascontiguousarray(x, dtype)
+    return x.view(np.uint32).reshape(x.shape + (2,)) if wide else x
 
   def host(m, g):
-    y, info = solve_rms_inversion(m, g)
-    return (y.astype(dtype), info['constraint'].astype(dtype), info['hard_case'],
-            info['mu'].astype(dtype))
+    y, info = solve_rms_inversion(host_in(m), host_in(g))
+    return host_out(y), host_out(info['constraint']), info['hard_case'], host_out(info['mu'])
 
-  out_shapes = (jax.ShapeDtypeStruct(g.shape, dtype), jax.ShapeDtypeStruct(batch, dtype),
-                jax.ShapeDtypeStruct(batch, jnp.bool_), jax.ShapeDtypeStruct(batch, dtype))
-  return jax.pure_callback(host, out_shapes, jnp.broadcast_to(m, g.shape), g,
-                           vmap_method='expand_dims')
+  def result(shape):
+    return (jax.ShapeDtypeStruct(shape + (2,), np.uint32) if wide
+            else jax.ShapeDtypeStruct(shape, dtype))
+
+  out_shapes = (result(g.shape), result(batch), jax.ShapeDtypeStruct(batch, jnp.bool_),
+                result(batch))
+  y, constraint, hard, mu = jax.pure_callback(
+      host, out_shapes, to_words(jnp.broadcast_to(m, g.shape)), to_words(g),
+      vmap_method='expand_dims')
+  return from_words(y), from_words(constraint), hard, from_words(mu)
