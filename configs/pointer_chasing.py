@@ -56,6 +56,7 @@ import re
 from configs import common
 from ctr_jax import config_lib
 from ctr_jax import models
+from ctr_jax.data import curricula
 from ctr_jax.data import pointer_chasing
 
 
@@ -97,9 +98,9 @@ def get_config(arg=None):
       raise ValueError(f'config arg {helper}={args[helper]!r}: allowed 0 or 1')
     c.data[helper] = bool(args[helper])  # helper targets (training only); see the docstring
   c.data.encoding = encoding
-  pointer_chasing.parse_key_curriculum(args.key_curriculum)  # bad stages fail here, named
+  curricula.parse_key_curriculum(args.key_curriculum)  # bad stages fail here, named
   c.data.key_curriculum = str(args.key_curriculum)
-  pointer_chasing.parse_hop_curriculum(args.hop_curriculum, args.hops)
+  curricula.parse_hop_curriculum(args.hop_curriculum, args.hops)
   c.data.hop_curriculum = str(args.hop_curriculum)
   c.data.stop_accuracy = float(args.stop_accuracy)  # checked by the task
   c.data.loss_over = args.loss_over   # checked by the task (ctr_jax/tasks/pointer_chasing.py)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from ctr_jax.tasks import pointer_chasing as pointer_task
+from ctr_jax.data import curricula
 from ctr_jax.data import pointer_chasing as pc
 
 
@@ -111,11 +112,11 @@ def test_fewer_keys_keep_the_layout_and_resolve_correctly(hops, num_keys, equals
 
 
 def test_key_curriculum_stages_follow_the_step():
-  stages = pc.parse_key_curriculum('2:500/4:1000')
+  stages = curricula.parse_key_curriculum('2:500/4:1000')
   assert stages == ((2, 500), (4, 1000))
-  assert [pc.curriculum_keys(stages, s) for s in (0, 499, 500, 999, 1000, 10**6)] == \
+  assert [curricula.curriculum_keys(stages, s) for s in (0, 499, 500, 999, 1000, 10**6)] == \
       [2, 2, 4, 4, 8, 8]
-  assert pc.curriculum_keys((), 0) == 8
+  assert curricula.curriculum_keys((), 0) == 8
   stream = pointer_task._BatchStream(2, 8, 0, 0, 1, 'tables', stages)
   stream.set_state({'next_index': 499})
   assert (next(stream)['tokens'][:, 3 * 2:3 * 8] == 0).all()   # step 499: two keys
@@ -123,7 +124,7 @@ def test_key_curriculum_stages_follow_the_step():
   assert (next(stream)['tokens'][:, 2:24:3] != 0).all()        # step 1000: all eight
   for bad in ('2', '8:100', '4:100/2:200', '2:100/4:50', 'x:1', '2:0'):
     with pytest.raises(ValueError, match='key_curriculum'):
-      pc.parse_key_curriculum(bad)
+      curricula.parse_key_curriculum(bad)
 
 
 @pytest.mark.parametrize('encoding', pc.ENCODINGS)
@@ -156,11 +157,11 @@ def test_a_hop_curriculum_example_is_its_full_twin_cut_short(encoding):
 
 
 def test_hop_curriculum_stages_follow_the_step():
-  stages = pc.parse_hop_curriculum('1:500/2:1500', hops=3)
+  stages = curricula.parse_hop_curriculum('1:500/2:1500', hops=3)
   assert stages == ((1, 500), (2, 1500))
-  assert [pc.curriculum_levels(stages, s, 3) for s in (0, 499, 500, 1499, 1500)] == \
+  assert [curricula.curriculum_levels(stages, s, 3) for s in (0, 499, 500, 1499, 1500)] == \
       [1, 1, 2, 2, 3]
-  assert pc.curriculum_levels((), 0, 3) == 3
+  assert curricula.curriculum_levels((), 0, 3) == 3
   stream = pointer_task._BatchStream(3, 8, 0, 0, 1, 'tables', (), stages)
   level_1 = slice(pc.TABLE_LEN, 2 * pc.TABLE_LEN)
   stream.set_state({'next_index': 499})
@@ -169,7 +170,7 @@ def test_hop_curriculum_stages_follow_the_step():
   assert (next(stream)['tokens'][:, level_1] != pc.PAD).any()    # step 1500: every level
   for bad in ('1', '3:100', '2:100/1:200', '1:100/2:50', 'x:1', '1:0'):
     with pytest.raises(ValueError, match='hop_curriculum'):
-      pc.parse_hop_curriculum(bad, hops=3)
+      curricula.parse_hop_curriculum(bad, hops=3)
 
 
 def test_examples_are_random_across_seeds_and_indices():

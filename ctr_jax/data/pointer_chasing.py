@@ -90,7 +90,7 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
 
-def _check_hops(hops: int) -> int:
+def check_hops(hops: int) -> int:
   if int(hops) != hops or hops < 1:
     raise ValueError(f'hops (table levels) must be a positive integer, got {hops!r}')
   return int(hops)
@@ -117,14 +117,14 @@ def _level_starts(hops: int, encoding: str) -> list[int]:
 
 def vocab_size(hops: int) -> int:
   """4 special tokens, 8 keys per level, 16 values: 100 for hops = 10."""
-  return NUM_SPECIAL + NUM_KEYS * _check_hops(hops) + NUM_VALUES
+  return NUM_SPECIAL + NUM_KEYS * check_hops(hops) + NUM_VALUES
 
 
 def seq_len(hops: int, encoding: str = DEFAULT_ENCODING) -> int:
   """T = 42 * hops + 2: per level a 25-token table and a 17-token query section, then the query
   ('sections'); T = 25 * hops + 2 for 'tables'; 42 * hops + 17 * hops * (hops - 1) / 2 + 2 for
   'multi_q'."""
-  return _level_starts(_check_hops(hops), encoding)[-1] + 2
+  return _level_starts(check_hops(hops), encoding)[-1] + 2
 
 
 def key_token(level: int, key):
@@ -152,7 +152,7 @@ class PositionLabels(NamedTuple):
 
 def position_labels(hops: int, encoding: str = DEFAULT_ENCODING) -> PositionLabels:
   """Per-position section kinds and levels, for grouping accuracies by level."""
-  hops = _check_hops(hops)
+  hops = check_hops(hops)
   starts = _level_starts(hops, encoding)
   kind = np.full(seq_len(hops, encoding), NONE, np.int32)
   level = np.full(seq_len(hops, encoding), -1, np.int32)
@@ -328,7 +328,7 @@ def sample(hops: int, seed: int, index: int = 0, entry_targets: bool = False,
   """
   if index < 0:
     raise ValueError(f'index must be >= 0, got {index}')
-  tokens, targets = _generate(_check_hops(hops), seed, np.array([index], np.int64),
+  tokens, targets = _generate(check_hops(hops), seed, np.array([index], np.int64),
                               entry_targets, equals_targets, check_encoding(encoding))
   return tokens[0], targets[0]
 
@@ -347,51 +347,8 @@ def batch(hops: int, batch_size: int, seed: int, start: int = 0, entry_targets: 
   if batch_size < 1 or start < 0:
     raise ValueError(f'need batch_size >= 1 and start >= 0, got {batch_size} and {start}')
   indices = np.arange(start, start + batch_size, dtype=np.int64)
-  return _generate(_check_hops(hops), seed, indices, entry_targets, equals_targets,
+  return _generate(check_hops(hops), seed, indices, entry_targets, equals_targets,
                    check_encoding(encoding), num_keys, num_levels)
-
-
-def _parse_stages(spec: str, name: str, unit: str, top: int) -> tuple[tuple[int, int], ...]:
-  """'COUNT:UNTIL/...' -> ((count, until), ...), counts increasing in 1..top-1, ends increasing."""
-  if not spec:
-    return ()
-  stages = []
-  for part in str(spec).split('/'):
-    try:
-      count, until = (int(x) for x in part.split(':'))
-    except ValueError:
-      raise ValueError(f'{name} {spec!r}: write stages as {unit.upper()}S:UNTIL_STEP joined by '
-                       "'/', e.g. '2:500/4:1000'") from None
-    stages.append((count, until))
-  counts, untils = zip(*stages)
-  if not all(1 <= n < top for n in counts) or list(counts) != sorted(set(counts)):
-    raise ValueError(f'{name} {spec!r}: the {unit} counts must increase, each in 1..{top - 1} '
-                     f'(after the last stage every example has {top})')
-  if untils[0] < 1 or list(untils) != sorted(set(untils)):
-    raise ValueError(f'{name} {spec!r}: the stages\' end steps must increase, from >= 1')
-  return tuple(stages)
-
-
-def parse_key_curriculum(spec: str) -> tuple[tuple[int, int], ...]:
-  """'2:500/4:1000' -> ((2, 500), (4, 1000)): 2 keys per level for steps [0, 500), 4 for
-  [500, 1000), all 8 afterwards. '' -> () (no curriculum)."""
-  return _parse_stages(spec, 'key_curriculum', 'key', NUM_KEYS)
-
-
-def parse_hop_curriculum(spec: str, hops: int) -> tuple[tuple[int, int], ...]:
-  """'1:500/2:1000' -> ((1, 500), (2, 1000)): examples with 1 table level for steps [0, 500),
-  2 for [500, 1000), all `hops` afterwards (see `_generate`). '' -> () (no curriculum)."""
-  return _parse_stages(spec, 'hop_curriculum', 'level', _check_hops(hops))
-
-
-def curriculum_keys(stages: tuple[tuple[int, int], ...], step: int) -> int:
-  """Keys per level of the examples of training step `step` (0-based) under `stages`."""
-  return next((keys for keys, until in stages if step < until), NUM_KEYS)
-
-
-def curriculum_levels(stages: tuple[tuple[int, int], ...], step: int, hops: int) -> int:
-  """Table levels of the examples of training step `step` (0-based) under `stages`."""
-  return next((levels for levels, until in stages if step < until), hops)
 
 
 class PointerChasingSource:
@@ -402,7 +359,7 @@ class PointerChasingSource:
 
   def __init__(self, hops: int, num_examples: int, seed: int, entry_targets: bool = False,
                equals_targets: bool = False, encoding: str = DEFAULT_ENCODING):
-    self.hops = _check_hops(hops)
+    self.hops = check_hops(hops)
     self.encoding = check_encoding(encoding)
     self.entry_targets = bool(entry_targets)
     self.equals_targets = bool(equals_targets)

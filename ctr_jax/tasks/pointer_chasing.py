@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from ctr_jax import decode, losses, train_step
+from ctr_jax.data import curricula
 from ctr_jax.data import pointer_chasing as generator
 from ctr_jax.tasks import register
 
@@ -196,8 +197,8 @@ class _BatchStream:
     start = self.next_index * self.global_batch + self.offset
     tokens, targets = generator.batch(
         self.hops, self.local, self.seed, start=start, encoding=self.encoding,
-        num_keys=generator.curriculum_keys(self.key_curriculum, self.next_index),
-        num_levels=generator.curriculum_levels(self.hop_curriculum, self.next_index, self.hops),
+        num_keys=curricula.curriculum_keys(self.key_curriculum, self.next_index),
+        num_levels=curricula.curriculum_levels(self.hop_curriculum, self.next_index, self.hops),
         **self.helper_targets)
     self.next_index += 1
     return {'tokens': tokens, 'targets': targets}
@@ -244,8 +245,8 @@ def validate_config(config) -> None:
   if loss_over not in LOSS_OVER:
     raise ValueError(f'config.data.loss_over: got {loss_over!r}, allowed {list(LOSS_OVER)}')
   try:
-    generator.parse_key_curriculum(config.data.get('key_curriculum', ''))
-    generator.parse_hop_curriculum(config.data.get('hop_curriculum', ''), hops)
+    curricula.parse_key_curriculum(config.data.get('key_curriculum', ''))
+    curricula.parse_hop_curriculum(config.data.get('hop_curriculum', ''), hops)
   except ValueError as e:
     raise ValueError(f'config.data.{e}') from None
   encoding = encoding_of(config)
@@ -274,9 +275,9 @@ class PointerChasing:
     # Helper targets only shape training; evaluation always scores the task's own targets.
     self.train_iter = _BatchStream(self.hops, config.batch_size, config.seed, process_index,
                                    process_count, self.encoding,
-                                   generator.parse_key_curriculum(
+                                   curricula.parse_key_curriculum(
                                        config.data.get('key_curriculum', '')),
-                                   generator.parse_hop_curriculum(
+                                   curricula.parse_hop_curriculum(
                                        config.data.get('hop_curriculum', ''), self.hops),
                                    **{h: bool(config.data[h]) for h in generator.HELPER_TARGETS})
     self.eval_examples = config.eval_batches * config.batch_size
