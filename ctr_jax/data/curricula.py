@@ -39,7 +39,8 @@ def parse_key_curriculum(spec: str) -> tuple[tuple[int, int], ...]:
 
 def parse_hop_curriculum(spec: str, hops: int) -> tuple[tuple[int, int], ...]:
   """'1:500/2:1000' -> ((1, 500), (2, 1000)): examples with 1 table level for steps [0, 500),
-  2 for [500, 1000), all `hops` afterwards (`pointer_chasing.batch(num_levels=...)`). '' -> () (no curriculum)."""
+  2 for [500, 1000), all `hops` afterwards (`pointer_chasing.batch(num_levels=...)`).
+  '' -> () (no curriculum)."""
   return _parse_stages(spec, 'hop_curriculum', 'level', check_hops(hops))
 
 
