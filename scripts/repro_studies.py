@@ -1,7 +1,10 @@
-"""The studies of scripts/reproduce.py: which runs each trains and how its section reads.
+"""The studies of scripts/reproduce.py that train and compare models: which runs each trains and
+how its section reads; the scales and the table helpers every study shares.
 
-Reference sections: 6.2 (table1), 6.5 and C.4 (seq_vs_parallel), 6.5 (k_eval), 6.5 (k_min),
-5 and 6.8 (conversion), 6.4 (width), 8 (ablations); the claims are those of section 9.
+Reference sections: 6.2 (table1), 6.5 (k_min), 6.4 (width), 8 (ablations); grad_iterations is
+beyond the paper. The studies that also evaluate trained models (seq_vs_parallel, k_eval,
+conversion) are in repro_evaluated, the registry and the driver in repro_registry; the claims are
+those of reference section 9.
 """
 
 import dataclasses
@@ -40,14 +43,14 @@ SCALES = {
 }
 
 
-def _recipe(scale: Scale, **fields) -> str:
+def recipe_arg(scale: Scale, **fields) -> str:
   """A configs/repro.py arg: the scale's shared recipe plus `fields`."""
   values = dict(steps=scale.steps, batch=scale.batch, seq_len=scale.seq_len, vocab=scale.vocab,
                 **fields)
   return ','.join(f'{k}={v}' for k, v in values.items())
 
 
-def _size(kind: str, depth: int, width: int, heads: int) -> str:
+def size_name(kind: str, depth: int, width: int, heads: int) -> str:
   return f"{'d' if kind == 'context_ready' else 't'}{depth}_c{width}_h{heads}"
 
 
@@ -84,10 +87,10 @@ def table1_runs(scale, seeds):
   for m in table1_models(scale):
     if not m['matched']:
       continue  # reported as unmatched in the table; never trained
-    size = _size(m['kind'], m['depth'], m['width'], scale.heads)
+    size = size_name(m['kind'], m['depth'], m['width'], scale.heads)
     for seed in range(seeds):
       runs.append(Run('table1', f"{m['level']} {_label(m['kind'], m['depth'], m['width'])}",
-                      seed, _recipe(scale, size=size), info=tuple(sorted(m.items()))))
+                      seed, recipe_arg(scale, size=size), info=tuple(sorted(m.items()))))
   return runs
 
 
@@ -205,10 +208,15 @@ def _plot_curves(records, scale, path):
 
 
 def k_min_runs(scale, seeds):
-  size = _size('context_ready', 2, scale.base_width, scale.heads)
+  size = size_name('context_ready', 2, scale.base_width, scale.heads)
   variants = (('K=5 k_min=2', 5, 2), ('K=5 fixed', 5, 0), ('K=2 fixed', 2, 0))
-  return [Run('k_min', label, seed, _recipe(scale, size=size, k=k, k_min=k_min))
+  return [Run('k_min', label, seed, recipe_arg(scale, size=size, k=k, k_min=k_min))
           for label, k, k_min in variants for seed in range(seeds)]
+
+
+def k5_runs(scale, seeds):
+  """The D = 2, K = 5, k_min = 2 runs of the k_min study (trained once, evaluated by several)."""
+  return [r for r in k_min_runs(scale, seeds) if r.group == 'K=5 k_min=2']
 
 
 ABLATIONS = (('add', False), ('token_blind', False), ('concat', False), ('none', False),
@@ -221,14 +229,14 @@ ADD_BASELINE = 'K=5 k_min=2'
 
 
 def ablation_runs(scale, seeds):
-  size = _size('context_ready', 2, scale.base_width, scale.heads)
-  runs = _k5_runs(scale, seeds)
+  size = size_name('context_ready', 2, scale.base_width, scale.heads)
+  runs = k5_runs(scale, seeds)
   for correction, cumulative in ABLATIONS:
     if (correction, cumulative) == ('add', False):
       continue
     label = correction + (' cumulative' if cumulative else '')
     fields = dict(size=size, correction=correction, cumulative=cumulative)
-    runs += [Run('ablations', label, seed, _recipe(scale, **fields)) for seed in range(seeds)]
+    runs += [Run('ablations', label, seed, recipe_arg(scale, **fields)) for seed in range(seeds)]
   return runs
 
 
@@ -236,7 +244,7 @@ def _transformer_params(width: int, vocab: int, heads: int) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from ctr_jax import models  # pylint: disable=g-import-not-at-top
-  model = models.build(models.model_config(name=_size('transformer', 2, width, heads),
+  model = models.build(models.model_config(name=size_name('transformer', 2, width, heads),
                                            vocab_size=vocab))
   shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 2), jnp.int32))
   return models.count_params(shapes)
@@ -248,24 +256,24 @@ def width_runs(scale, seeds):
     params = _transformer_params(width, scale.vocab, scale.heads)
     steps = max(2, round(scale.tokens_per_param * params / (scale.batch * scale.seq_len)))
     for kind in ('context_ready', 'transformer'):
-      size = _size(kind, 2, width, scale.heads)
+      size = size_name(kind, 2, width, scale.heads)
       label = f'width {_label(kind, 2, width)}'
-      runs += [Run('width', label, seed, _recipe(scale, size=size) .replace(
+      runs += [Run('width', label, seed, recipe_arg(scale, size=size) .replace(
           f'steps={scale.steps}', f'steps={steps}'), info=(('transformer_params', params),))
                for seed in range(seeds)]
   for seq_len in scale.context_lengths:
     for kind in ('context_ready', 'transformer'):
-      size = _size(kind, 2, scale.base_width, scale.heads)
+      size = size_name(kind, 2, scale.base_width, scale.heads)
       # Same tokens per run at every context length: batch x T fixed.
       batch = max(1, scale.batch * scale.seq_len // seq_len)
-      arg = _recipe(scale, size=size).replace(f'batch={scale.batch}', f'batch={batch}').replace(
+      arg = recipe_arg(scale, size=size).replace(f'batch={scale.batch}', f'batch={batch}').replace(
           f'seq_len={scale.seq_len}', f'seq_len={seq_len}')
       runs += [Run('width', f'context T={seq_len} {_label(kind, 2, scale.base_width)}', seed, arg)
                for seed in range(seeds)]
   return runs
 
 
-def _simple_table(records, baseline: str | None, header: str):
+def simple_table(records, baseline: str | None, header: str):
   groups = repro_lib.by_group(records)
   lines = [f'| {header} | val PPL (sequential for CRTs) | val PPL parallel K | seeds | '
            'FLOPs/token | wall time / run |' + (f' Δ vs {baseline} |' if baseline else ''),
@@ -304,7 +312,7 @@ def outcome_words(c: dict, what: str = '') -> str:
 
 def k_min_report(records, scale, figure):
   del scale, figure
-  lines, _ = _simple_table(records, 'K=5 fixed', 'training K')
+  lines, _ = simple_table(records, 'K=5 fixed', 'training K')
   groups = repro_lib.by_group(records)
   verdicts = []
   if {'K=5 k_min=2', 'K=5 fixed', 'K=2 fixed'} <= set(groups):
@@ -326,7 +334,7 @@ def k_min_report(records, scale, figure):
 
 def ablation_report(records, scale, figure):
   del scale, figure
-  lines, comparisons = _simple_table(records, ADD_BASELINE, 'correction')
+  lines, comparisons = simple_table(records, ADD_BASELINE, 'correction')
   lines = [f'The `add` correction (the paper\'s) is the row {ADD_BASELINE} (the k_min study\'s run, '
            'same config).', ''] + lines
   outcome = {'does not hold': 'loses', 'holds': 'wins', 'inconclusive': 'no measurable difference'}
@@ -369,195 +377,6 @@ def width_report(records, scale, figure):
 
 
 # ------------------------------------------------------------------------------------------------
-# Studies that evaluate trained models: seq_vs_parallel, k_eval, conversion.
-# ------------------------------------------------------------------------------------------------
-
-EVAL_BATCHES = {'cpu': 8, 'tiny': 1}
-K_EVAL = (1, 2, 3, 5, 8, 10, 20)
-
-
-def _scale_name(scale: Scale) -> str:
-  return next(k for k, v in SCALES.items() if v is scale)
-
-
-def _k5_runs(scale, seeds):
-  """The D = 2, K = 5, k_min = 2 runs of the k_min study (trained once, evaluated by several)."""
-  return [r for r in k_min_runs(scale, seeds) if r.group == 'K=5 k_min=2']
-
-
-def seq_vs_parallel_runs(scale, seeds):
-  size = _size('context_ready', 1, scale.base_width, scale.heads)
-  d1 = [Run('seq_vs_parallel', 'D=1 K=10', seed, _recipe(scale, size=size, k=10, k_min=0))
-        for seed in range(seeds)]
-  return d1 + _k5_runs(scale, seeds)
-
-
-def seq_vs_parallel_eval(record, run, root, scale):
-  from ctr_jax import models  # pylint: disable=g-import-not-at-top
-  model, params, config = repro_lib.load_trained(run.workdir(root))
-  batches = repro_lib.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
-  k = model.spec.k_unroll
-  out = {'trained_k': repro_lib.parallel_vs_sequential(model, params, batches, k)}
-  # K >= T + 1 is exact by causality: the same comparison must then agree to rounding.
-  out['k_t_plus_1'] = repro_lib.parallel_vs_sequential(model, params, batches,
-                                                       config['data']['seq_len'] + 1)
-  del models, record
-  return out
-
-
-def seq_vs_parallel_report(records, scale, figure):
-  del scale, figure
-  lines = ['| model | seed | PPL parallel (trained K) | PPL sequential | abs ΔPPL | max abs Δlogit '
-           '| argmax agreement | max abs Δlogit at K = T+1 |', '|---|---|---|---|---|---|---|---|']
-  worst = 0.0
-  for r in records:
-    a, b = r['post']['trained_k'], r['post']['k_t_plus_1']
-    worst = max(worst, a['abs_delta_ppl'])
-    lines.append(f"| {r['group']} | {r['seed']} | {a['ppl_parallel']:.3f} | "
-                 f"{a['ppl_sequential']:.3f} | {a['abs_delta_ppl']:.4f} | "
-                 f"{a['max_abs_logit_diff']:.2e} | {100 * a['argmax_agreement']:.2f}% | "
-                 f"{b['max_abs_logit_diff']:.2e} |")
-  verdicts = []
-  d1 = [r for r in records if r['group'] == 'D=1 K=10']
-  if d1:
-    gap = max(r['post']['trained_k']['abs_delta_ppl'] for r in d1)
-    verdicts.append(f"claim 4 (sequential within 0.01 PPL of parallel K = 10): largest abs ΔPPL "
-                    f"{gap:.4f} over {len(d1)} seed(s): **{'holds' if gap <= 0.01 else 'does not hold'}**")
-  if records:
-    exact = max(r['post']['k_t_plus_1']['max_abs_logit_diff'] for r in records)
-    verdicts.append(f'K = T + 1 reproduces the scan on trained weights: max abs Δlogit {exact:.1e}')
-  return lines, verdicts
-
-
-def k_eval_runs(scale, seeds):
-  return _k5_runs(scale, seeds)
-
-
-def k_eval_eval(record, run, root, scale):
-  from ctr_jax.tasks import language_modelling  # pylint: disable=g-import-not-at-top
-  model, params, config = repro_lib.load_trained(run.workdir(root))
-  batches = repro_lib.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
-  out = {f'K={k}': language_modelling.evaluate_lm(model, params, batches, k_unroll=k)['ppl']
-         for k in K_EVAL}
-  out['sequential'] = language_modelling.evaluate_lm(model, params, batches, sequential=True)['ppl']
-  del record
-  return out
-
-
-def k_eval_report(records, scale, figure):
-  del scale
-  keys = [f'K={k}' for k in K_EVAL] + ['sequential']
-  lines = ['| evaluated at | ' + ' | '.join(keys) + ' |', '|---|' + '---|' * len(keys),
-           '| PPL (mean ± std over seeds) | ' + ' | '.join(
-               fmt(*mean_std(r['post'][k] for r in records)) for k in keys) + ' |']
-  verdicts = []
-  if len(records) > 1:
-    k5 = [r['post']['K=5'] for r in records]
-    k10 = [r['post']['K=10'] for r in records]
-    k1 = [r['post']['K=1'] for r in records]
-    d10 = mean_std(np.subtract(k10, k5))
-    d1 = mean_std(np.subtract(k1, k5))
-    harmless = abs(d10[0]) <= 2 * d10[1] or d10[0] < 0
-    verdicts.append(f'claim 18: K = 10 vs K = 5 ΔPPL {fmt(*d10)} ({"no harm" if harmless else "worse"}), '
-                    f'K = 1 vs K = 5 ΔPPL {fmt(*d1)} ({"much worse" if d1[0] > 2 * d1[1] else "not measurably worse"}): '
-                    f"**{'holds' if harmless and d1[0] > 2 * d1[1] else 'does not hold'}**")
-  if figure and records:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for r in records:
-      ax.plot(K_EVAL, [r['post'][f'K={k}'] for k in K_EVAL], 'o-', label=f"seed {r['seed']}")
-      ax.axhline(r['post']['sequential'], ls=':', color='gray')
-    ax.set_xscale('log')
-    ax.set_yscale('log')
-    ax.set_xlabel('K at evaluation (trained with K ~ U{2..5})')
-    ax.set_ylabel('validation PPL (dotted: exact scan)')
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(figure, dpi=100)
-    plt.close(fig)
-    lines += ['', f'![k_eval](reproduction/{os.path.basename(figure)})']
-  return lines, verdicts
-
-
-def _half(scale):
-  return max(1, scale.steps // 2)
-
-
-def _conversion_source(scale, seed):
-  size = _size('transformer', 2, scale.base_width, scale.heads)
-  return Run('conversion', f'transformer {_half(scale)} steps', seed,
-             _recipe(scale, size=size).replace(f'steps={scale.steps}', f'steps={_half(scale)}'))
-
-
-def conversion_runs(scale, seeds):
-  runs = []
-  rest = scale.steps - _half(scale)
-  for seed in range(seeds):
-    source = _conversion_source(scale, seed)
-    crt = _size('context_ready', 2, scale.base_width, scale.heads)
-    t2 = _size('transformer', 2, scale.base_width, scale.heads)
-    shorter = lambda arg: arg.replace(f'steps={scale.steps}', f'steps={rest}')
-    runs += [source,
-             Run('conversion', f'converted + {rest} steps', seed, shorter(_recipe(scale, size=crt)),
-                 init_from=source),
-             Run('conversion', f'transformer continued {rest} steps', seed,
-                 shorter(_recipe(scale, size=t2)), init_from=source)]
-  return runs + _k5_runs(scale, seeds)
-
-
-def conversion_eval(record, run, root, scale):
-  """Step 0 of the conversion: the converted model's PPL against its source transformer's."""
-  if not run.group.startswith('transformer ') or 'continued' in run.group:
-    return {}
-  from ctr_jax import convert, models  # pylint: disable=g-import-not-at-top
-  from ctr_jax.tasks import language_modelling  # pylint: disable=g-import-not-at-top
-  model, params, config = repro_lib.load_trained(run.workdir(root))
-  batches = repro_lib.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
-  fields = {**repro_lib._model_fields(config['model']), 'kind': 'context_ready'}  # pylint: disable=protected-access
-  crt_cfg = models.model_config(**fields)
-  crt = models.build(crt_cfg)
-  converted = convert.transformer_to_context_ready({'params': params}, crt_cfg)['params']
-  out = {'source_ppl': language_modelling.evaluate_lm(model, params, batches)['ppl']}
-  out['converted_ppl_parallel'] = language_modelling.evaluate_lm(crt, converted, batches)['ppl']
-  out['converted_ppl_sequential'] = language_modelling.evaluate_lm(crt, converted, batches,
-                                                                    sequential=True)['ppl']
-  del record
-  return out
-
-
-def conversion_report(records, scale, figure):
-  del figure
-  groups = repro_lib.by_group(records)
-  rest = scale.steps - _half(scale)
-  lines, _ = _simple_table(records, None, 'run')
-  verdicts = []
-  sources = groups.get(f'transformer {_half(scale)} steps', [])
-  if sources:
-    step0 = ['', '| seed | transformer PPL | converted PPL, step 0 (parallel K) | converted, step 0 '
-             '(sequential) | max relative difference |', '|---|---|---|---|---|']
-    worst = 0.0
-    for r in sources:
-      p = r['post']
-      diff = max(abs(p['converted_ppl_parallel'] / p['source_ppl'] - 1),
-                 abs(p['converted_ppl_sequential'] / p['source_ppl'] - 1))
-      worst = max(worst, diff)
-      step0.append(f"| {r['seed']} | {p['source_ppl']:.4f} | {p['converted_ppl_parallel']:.4f} | "
-                   f"{p['converted_ppl_sequential']:.4f} | {diff:.1e} |")
-    lines += step0
-    verdicts.append(f'claim 15 (step-0 PPL of the converted model equals the transformer\'s): '
-                    f"largest relative difference {worst:.1e}: **{'holds' if worst < 1e-5 else 'does not hold'}**")
-  converted = groups.get(f'converted + {rest} steps', [])
-  for other in ('K=5 k_min=2', f'transformer continued {rest} steps'):
-    if converted and other in groups:
-      c = compare(converted, groups[other], repro_lib.final_ppl)
-      verdicts.append(f"converted vs {other}: ΔPPL {fmt(c['delta_mean'], c['delta_std'])} "
-                      f"({outcome_words(c, 'converted')})")
-  return lines, verdicts
-
-
-# ------------------------------------------------------------------------------------------------
 # grad_iterations (beyond the paper): backpropagate through the last m of K = 5 iterations.
 # ------------------------------------------------------------------------------------------------
 
@@ -568,9 +387,9 @@ def grad_iterations_runs(scale, seeds):
   """m = K (full backpropagation) is trained here too, although it is the same computation as
   the k_min study's fixed K = 5 run: the study compares throughput, so all three must run under
   the same conditions."""
-  size = _size('context_ready', 2, scale.base_width, scale.heads)
+  size = size_name('context_ready', 2, scale.base_width, scale.heads)
   return [Run('grad_iterations', f'K=5 m={m}', seed,
-              _recipe(scale, size=size, k=5, k_min=0, grad_iterations=m))
+              recipe_arg(scale, size=size, k=5, k_min=0, grad_iterations=m))
           for m in GRAD_ITERATIONS for seed in range(seeds)]
 
 
@@ -602,85 +421,3 @@ def grad_iterations_report(records, scale, figure):
       row += ' |'
     lines.append(row)
   return lines, verdicts
-
-
-# ------------------------------------------------------------------------------------------------
-# The registry and the driver.
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Study:
-  title: str
-  claims: str
-  runs: object     # (scale, seeds) -> list[Run]
-  report: object   # (records, scale, figure path or '') -> (markdown lines, verdict lines)
-  figure: bool = False
-  evaluate: object = None  # (record, run, root, scale) -> dict, cached in the run's workdir
-
-
-STUDIES = {
-    'table1': Study('Table 1 at CPU scale: CRT vs FLOP-matched transformers', 'claims 1, 9, 10',
-                    table1_runs, table1_report, figure=True),
-    'k_min': Study('Random depth (k_min) against fixed K', 'claim 7', k_min_runs, k_min_report),
-    'ablations': Study('Correction ablations (reference section 8)', 'section 8', ablation_runs,
-                       ablation_report),
-    'width': Study('Width scaling and context length', 'claims 8, 11', width_runs, width_report),
-    'seq_vs_parallel': Study('Exact scan against the parallel unroll on trained weights',
-                             'claims 4, 16, 17', seq_vs_parallel_runs, seq_vs_parallel_report,
-                             evaluate=seq_vs_parallel_eval),
-    'k_eval': Study('A K = 5-trained model evaluated at other K', 'claim 18', k_eval_runs,
-                    k_eval_report, figure=True, evaluate=k_eval_eval),
-    'conversion': Study('Converting a trained transformer (zero-initialised correction)',
-                        'claims 6, 15', conversion_runs, conversion_report,
-                        evaluate=conversion_eval),
-    'grad_iterations': Study('Backpropagating through the last m of K iterations (beyond the '
-                             'paper)', 'training cost', grad_iterations_runs,
-                             grad_iterations_report),
-}
-
-
-def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(),
-              train: bool = True, only: tuple = ()) -> str:
-  """Trains the study's missing runs (unless `train` is False), then writes its json and its
-  section of docs/reproduction.md; returns the section.
-
-  Training goes seed by seed (every group's seed 0 first), so a study stopped early still has
-  one run of each group to compare. `only`: train just the groups whose name contains one of
-  these strings (the report still reads every finished run)."""
-  study = STUDIES[name]
-  runs = study.runs(scale, seeds)
-  if train:
-    chosen = [r for r in runs if not only or any(o in r.group for o in only)]
-    for run in sorted(chosen, key=lambda r: r.seed):  # stable: init_from runs stay first
-      code = repro_lib.execute(run, root, extra)
-      if code:
-        print(f'reproduce: {run.name} exited with {code}; continuing with the others')
-  records = []
-  for run in runs:
-    record = repro_lib.collect(run, root)
-    if record is None:
-      continue
-    if study.evaluate is not None:
-      record['post'] = repro_lib.cached(os.path.join(run.workdir(root), f'post_{name}.json'),
-                                        lambda: study.evaluate(record, run, root, scale))
-    records.append(record)
-  figure = os.path.join(docs, 'reproduction', f'{name}.png') if study.figure and records else ''
-  if figure:
-    os.makedirs(os.path.dirname(figure), exist_ok=True)
-  lines, verdicts = study.report(records, scale, figure)
-  scale_text = (f'V = {scale.vocab}, T = {scale.seq_len}, batch {scale.batch}, '
-                f'{scale.steps} steps unless stated; {len(records)}/{len(runs)} runs finished.')
-  body = [f'## {name}: {study.title} ({study.claims})', '',
-          f'`python scripts/reproduce.py --study={name} --seeds={seeds}`'
-          + ('' if scale is SCALES['cpu'] else f' (scale {next(k for k, v in SCALES.items() if v is scale)})')
-          + f'. Scale: {scale_text}', '', *lines, '',
-          '**Verdict:** ' + ('; '.join(verdicts) if verdicts else 'no finished comparison yet.')]
-  repro_lib.write_results(name, records, docs, {'machine': _machine()})
-  repro_lib.replace_section(name, '\n'.join(body), docs)
-  return '\n'.join(body)
-
-
-def _machine() -> str:
-  from ctr_jax.bench import machine  # pylint: disable=g-import-not-at-top
-  return machine.summary_line(machine.describe())

@@ -17,7 +17,6 @@ from those files. The scale (V = 2,048 on the KJV corpus, C = 64-320, T = 64-256
 training tokens per run) is stated in each section.
 """
 
-import dataclasses
 import os
 import sys
 
@@ -27,12 +26,13 @@ from absl import logging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repro_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+import repro_registry  # pylint: disable=g-import-not-at-top,wrong-import-position
 import repro_studies  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, repro_lib.ROOT)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('study', None, f'One of {sorted(repro_studies.STUDIES)}.')
+flags.DEFINE_string('study', None, f'One of {sorted(repro_registry.STUDIES)}.')
 flags.DEFINE_integer('seeds', 3, 'Seeds per group (0, 1, ...).')
 flags.DEFINE_string('root', os.path.join(repro_lib.ROOT, 'workdirs', 'repro'), 'Workdirs root.')
 flags.DEFINE_string('docs', os.path.join(repro_lib.ROOT, 'docs'), 'Where the report goes.')
@@ -49,20 +49,20 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax's and TFDS's INFO lines drown the report
   scale = repro_studies.SCALES[FLAGS.scale]
-  names = [FLAGS.study] if FLAGS.study else sorted(repro_studies.STUDIES)
+  names = [FLAGS.study] if FLAGS.study else sorted(repro_registry.STUDIES)
   for name in names:
-    if name not in repro_studies.STUDIES:
-      raise app.UsageError(f'--study={name!r}: allowed {sorted(repro_studies.STUDIES)}')
+    if name not in repro_registry.STUDIES:
+      raise app.UsageError(f'--study={name!r}: allowed {sorted(repro_registry.STUDIES)}')
   if FLAGS.list:
     for name in names:
-      for run in repro_studies.STUDIES[name].runs(scale, FLAGS.seeds):
+      for run in repro_registry.STUDIES[name].runs(scale, FLAGS.seeds):
         print(' '.join(run.command(FLAGS.root, tuple(FLAGS.extra))))
     return
   if not FLAGS.study:
     raise app.UsageError('--study is required (or --list)')
-  report = repro_studies.run_study(FLAGS.study, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
-                                   tuple(FLAGS.extra), train=not FLAGS.report_only,
-                                   only=tuple(FLAGS.only))
+  report = repro_registry.run_study(FLAGS.study, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
+                                    tuple(FLAGS.extra), train=not FLAGS.report_only,
+                                    only=tuple(FLAGS.only))
   print(report)
 
 

@@ -12,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 
 import repro_lib  # noqa: E402
+import repro_registry  # noqa: E402
 import repro_studies  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
   root, docs = str(tmp_path / 'runs'), str(tmp_path / 'docs')
   extra = (f'--config.data.data_dir={data_dir}',)
   scale = repro_studies.SCALES['tiny']
-  report = repro_studies.run_study('k_min', scale, 2, root, docs, extra)
+  report = repro_registry.run_study('k_min', scale, 2, root, docs, extra)
   assert '**Verdict:**' in report and '6/6 runs finished' in report
   with open(os.path.join(docs, 'reproduction', 'k_min.json')) as f:
     results = json.load(f)
@@ -69,7 +70,7 @@ def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
     assert data_dir in r['command'] and len(r['invocations']) == 1
     assert r['evals'] and 'val_ppl_sequential' in r['final']
   # A second call trains nothing (every run finished) and regenerates the same section.
-  again = repro_studies.run_study('k_min', scale, 2, root, docs, extra)
+  again = repro_registry.run_study('k_min', scale, 2, root, docs, extra)
   assert again == report
   with open(os.path.join(root, 'k_min', runs[0]['name'], 'invocations.jsonl')) as f:
     assert len(f.readlines()) == 1
