@@ -11,6 +11,7 @@ results file lists every command that made a run, resumes included.
 """
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -107,35 +108,50 @@ def execute_logged(command: list[str], workdir: str) -> int:
 
   The line is written as soon as the workdir exists (`exit_code` and `seconds` null) and
   completed when the trainer exits, so a launch whose driver is killed (SIGKILL, a session's
-  end) stays on record with the step it resumed from.
+  end) stays on record with the step it resumed from. Each line carries a `launch` id and is
+  completed by it, not by its place: a second launch on a workdir that is in use appends its
+  own line (and fails on the trainer's lock) while the first still runs, and each completes
+  its own.
   """
   resumed_from = latest_checkpoint(workdir)
   print('+', ' '.join(command), flush=True)
   start = time.time()
   entry = {'command': ' '.join(command), 'resumed_from_step': resumed_from, 'exit_code': None,
-           'seconds': None, 'machine': host()}
-  ledger = os.path.join(workdir, 'invocations.jsonl')
+           'seconds': None, 'machine': host(), 'launch': f'{os.getpid()}-{time.time_ns()}'}
   process = subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT)
   while process.poll() is None and not os.path.isdir(workdir):  # the trainer creates it
     time.sleep(0.2)
   recorded = os.path.isdir(workdir)
   if recorded:
-    with open(ledger, 'a') as f:
-      f.write(json.dumps(entry) + '\n')
+    _write_launch(workdir, entry)
   code = process.wait()
   if recorded:
     entry.update(exit_code=code, seconds=round(time.time() - start, 1))
-    _replace_last_line(ledger, json.dumps(entry))
+    _write_launch(workdir, entry)
   return code
 
 
-def _replace_last_line(path: str, line: str) -> None:
-  """Rewrites the ledger's last line (the launch that just ended), atomically."""
+def _write_launch(workdir: str, entry: dict) -> None:
+  """Adds `entry` to the workdir's ledger, or replaces the line with its `launch` id; under a
+  lock on the workdir, so concurrent drivers neither lose nor overwrite each other's lines."""
   from ctr_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  with open(path) as f:
-    lines = [l for l in f if l.strip()]
-  lines[-1] = line + '\n'
-  workdir_lib.write_bytes_atomic(path, ''.join(lines).encode())
+  ledger = os.path.join(workdir, 'invocations.jsonl')
+  directory = os.open(workdir, os.O_RDONLY)
+  try:
+    fcntl.flock(directory, fcntl.LOCK_EX)
+    lines = []
+    if os.path.exists(ledger):
+      with open(ledger) as f:
+        lines = [x for x in f if x.strip()]
+    ids = [json.loads(x).get('launch') for x in lines]
+    line = json.dumps(entry) + '\n'
+    if entry['launch'] in ids:
+      lines[ids.index(entry['launch'])] = line
+    else:
+      lines.append(line)
+    workdir_lib.write_bytes_atomic(ledger, ''.join(lines).encode())
+  finally:
+    os.close(directory)  # releases the lock
 
 
 def _read_jsonl(path: str) -> list[dict]:

@@ -126,3 +126,31 @@ def test_a_launch_is_on_the_ledger_while_it_runs_and_completed_after(tmp_path):
   assert codes == [0] and done['exit_code'] == 0 and done['seconds'] >= 0
   assert {k: v for k, v in done.items() if k not in ('exit_code', 'seconds')} == {
       k: v for k, v in running.items() if k not in ('exit_code', 'seconds')}
+
+
+def test_two_launches_on_one_workdir_each_complete_their_own_ledger_line(tmp_path):
+  """A second launch while the first still runs (it fails on the trainer's lock in real use)
+  appends its own line; when the first ends it completes its line, not the second's."""
+  import threading  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  ledger = workdir / 'invocations.jsonl'
+  gate = tmp_path / 'gate'
+  first = (f'import os, time; os.makedirs({str(workdir)!r})\n'
+           f'while not os.path.exists({str(gate)!r}): time.sleep(0.05)')
+  codes = {}
+  thread = threading.Thread(target=lambda: codes.update(
+      first=repro_lib.execute_logged(['python', '-c', first], str(workdir))))
+  thread.start()
+  deadline = time.time() + 60
+  while not ledger.exists() and time.time() < deadline:
+    time.sleep(0.1)
+  codes['second'] = repro_lib.execute_logged(['python', '-c', 'raise SystemExit(3)'],
+                                             str(workdir))
+  gate.touch()
+  thread.join(timeout=60)
+  lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+  assert codes == {'first': 0, 'second': 3}
+  assert [(l['command'].split('\n')[0][:30], l['exit_code']) for l in lines] == [
+      (f'python -c {first}'.split('\n')[0][:30], 0), ('python -c raise SystemExit(3)', 3)]
+  assert all(l['seconds'] is not None for l in lines)
+  assert len({l['launch'] for l in lines}) == 2
