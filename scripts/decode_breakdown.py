@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 from absl import app
 from absl import flags
@@ -49,25 +50,16 @@ flags.DEFINE_list('cache_lengths', ['73', '137', '265', '521'],
                   'Slots S of the KV cache for table 3 (>= prompt_len + 1 + new_tokens).')
 
 
-@contextlib.contextmanager
-def _replaced(module, name, value):
-  old = getattr(module, name)
-  setattr(module, name, value)
-  try:
-    yield
-  finally:
-    setattr(module, name, old)
-
-
 VARIANTS = {
     'the step as it is': contextlib.nullcontext,
-    'attention replaced by q (cache still read)': lambda: _replaced(
+    'attention replaced by q (cache still read)': lambda: mock.patch.object(
         attention, 'cached_attention', lambda q, k, v, mask, scale: q + 0 * (k.sum() + v.sum())),
-    'attention and cache writes removed': lambda: _replaced(
+    'attention and cache writes removed': lambda: mock.patch.object(
         attention, 'cached_attention', lambda q, k, v, mask, scale: q),
-    'LayerNorm as its affine map only': lambda: _replaced(
+    'LayerNorm as its affine map only': lambda: mock.patch.object(
         layer_norm, 'normalize_affine', lambda x, scale, bias, eps: x * scale + bias),
-    'RoPE tables not materialised': lambda: _replaced(attention, 'rotation_table', lambda t: t),
+    'RoPE tables not materialised': lambda: mock.patch.object(
+        attention, 'rotation_table', lambda t: t),
 }
 
 
