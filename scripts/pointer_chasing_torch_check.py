@@ -23,7 +23,6 @@ import shlex
 import sys
 import time
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F

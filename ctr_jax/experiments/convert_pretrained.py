@@ -292,7 +292,7 @@ def run(config, command: str, log=print) -> dict:
   t = time.time()
   before, before_s = evaluate(tf_model, tf_vars, crt_model, crt_vars, val_windows, k=config.k,
                               batch=config.eval_batch, step0=True)
-  log(f'step 0: ' + ', '.join(f'{k} {v:.4g}' for k, v in before.items()) +
+  log('step 0: ' + ', '.join(f'{k} {v:.4g}' for k, v in before.items()) +
       f' ({time.time() - t:.0f} s)')
   samples_original = samples(tf_model, tf_vars, config.prompts, tokenizer, config.num_tokens)
 
@@ -321,7 +321,7 @@ def run(config, command: str, log=print) -> dict:
   t = time.time()
   after, after_s = evaluate(tf_model, tf_ft, crt_model, crt_ft, val_windows, k=config.k,
                             batch=config.eval_batch)
-  log(f'after: ' + ', '.join(f'{k} {v:.4g}' for k, v in after.items()) +
+  log('after: ' + ', '.join(f'{k} {v:.4g}' for k, v in after.items()) +
       f' ({time.time() - t:.0f} s)')
   results = {
       'command': command, 'machine': bench_machine.summary_line(bench_machine.describe()),
