@@ -244,10 +244,14 @@ def _name(r):
 
 
 def short_machine(text: str) -> str:
-  """'Intel(R) Xeon(R) Processor, 2 logical cores' -> 'Intel Xeon, 2 cores': a table cell."""
-  cpu, _, cores = text.partition(', ')
+  """'Intel(R) Xeon(R) Processor, 2 logical cores' -> 'Intel Xeon, 2 cores', and a GPU after
+  them ('..., 16 logical cores, 1 x NVIDIA H200' -> '1 x NVIDIA H200 (AMD EPYC, 16 cores)'):
+  a table cell."""
+  cpu, _, rest = text.partition(', ')
+  cores, _, gpus = rest.partition(', ')
   words = [w for w in re.sub(r'\(R\)|\(TM\)|CPU|Processor|@.*', '', cpu).split() if w]
-  return ' '.join(words[:3]) + (f", {cores.split()[0]} cores" if cores else '')
+  host = ' '.join(words[:3]) + (f", {cores.split()[0]} cores" if cores else '')
+  return f'{gpus} ({host})' if gpus else host
 
 
 def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
@@ -268,8 +272,9 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
            'Steps marked "(solved, stopped)": the run had `stop_accuracy` set and stopped at the',
            'first periodic evaluation (256 examples) with every level and the final query at or',
            'above it; the columns are its final evaluation at that step.', '',
-           'The machine column is the CPU each run trained on, from its launches\' ledger',
-           '("not recorded": a run from before 2026-12-02, when the ledger did not record it).',
+           'The machine column is what each run trained on (the CPU, and the GPU where there was',
+           'one), from its launches\' ledger ("not recorded": a run from before 2026-12-02, when',
+           'the ledger did not record it).',
            '', f'This report was written on: {machine_text}', '']
   for hops, encoding in sorted({(r['hops'], _encoding(r)) for r in runs},
                               key=lambda k: (k[0], k[1] != DEFAULT_ENCODING, k[1])):

@@ -97,9 +97,11 @@ def execute(run: Run, root: str, extra: tuple = ()) -> int:
 
 
 def host() -> str:
-  """CPU model and logical cores of this machine: what a launch ran on, for its ledger line."""
+  """CPU model and logical cores of this machine, and its GPUs if any: what a launch ran on, for
+  its ledger line."""
   from ctr_jax.bench import cpu_name  # pylint: disable=g-import-not-at-top
-  return f'{cpu_name.cpu_name()}, {os.cpu_count()} logical cores'
+  gpus = cpu_name.gpu_names()
+  return f'{cpu_name.cpu_name()}, {os.cpu_count()} logical cores' + (f', {gpus}' if gpus else '')
 
 
 def execute_logged(command: list[str], workdir: str) -> int:

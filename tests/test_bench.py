@@ -261,4 +261,21 @@ def test_the_ledger_and_the_bench_name_the_cpu_alike():
   import repro_lib  # pylint: disable=g-import-not-at-top
   name = cpu_name.cpu_name()
   assert name and machine.describe()['cpu'] == name
-  assert repro_lib.host() == f'{name}, {os.cpu_count()} logical cores'
+  gpus = cpu_name.gpu_names()
+  assert repro_lib.host() == f'{name}, {os.cpu_count()} logical cores' + (
+      f', {gpus}' if gpus else '')
+
+
+def test_the_ledger_names_the_gpus_from_nvidia_smi(tmp_path, monkeypatch):
+  """A GPU machine's ledger line says which GPUs (from the driver's tool, not from JAX); a
+  machine without nvidia-smi, or whose nvidia-smi fails, names none."""
+  from ctr_jax.bench import cpu_name  # pylint: disable=g-import-not-at-top
+  fake = tmp_path / 'nvidia-smi'
+  fake.write_text('#!/bin/sh\nprintf "NVIDIA H200\\nNVIDIA H200\\n"\n')
+  fake.chmod(0o755)
+  monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
+  assert cpu_name.gpu_names() == '2 x NVIDIA H200'
+  fake.write_text('#!/bin/sh\nexit 9\n')
+  assert cpu_name.gpu_names() == ''
+  monkeypatch.setenv('PATH', str(tmp_path / 'empty'))
+  assert cpu_name.gpu_names() == ''

@@ -116,6 +116,8 @@ def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
   assert '| 1.0 min | Intel Xeon, 2 cores |' in md.read_text()
   assert sweep.short_machine('AMD EPYC 7B13 64-Core Processor, 2 logical cores') == (
       'AMD EPYC 7B13, 2 cores')
+  assert sweep.short_machine('AMD EPYC 9654 96-Core Processor, 16 logical cores, '
+                             '1 x NVIDIA H200') == '1 x NVIDIA H200 (AMD EPYC 9654, 16 cores)'
   assert 'stop_accuracy=0.99' in ' '.join(sweep.command_for('t1', 2, 10, 'w', stop_accuracy=0.99))
 
 
