@@ -315,39 +315,55 @@ def write_report(runs: list[dict], docs: str, machine_text: str) -> None:
   _plot(runs, os.path.join(docs, 'pointer_chasing.png'))
 
 
+def _group_label(used: tuple[str, ...], encoding: str) -> str:
+  """'tables, entry + equals targets': a legend entry for one encoding and helper set."""
+  return f"{encoding}, " + (' + '.join(used) + ' targets' if used else 'no helpers')
+
+
 def _plot(runs, path):
+  """One panel per H: levels solved against depth, one colour per encoding and helper set
+  (transformers a line over N, the D = 1 CRT a star per seed), one legend below the panels."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6, 4))
-  styles = [('o-', '*'), ('s--', 'P'), ('^:', 'X'), ('v-.', 'D')]
-  for hops in sorted({r['hops'] for r in runs}):
-    groups = sorted({(helpers(r), _encoding(r)) for r in runs if r['hops'] == hops})
-    for i, (used, encoding) in enumerate(groups):
-      suffix = ''.join(f', {h} targets' for h in used) + (
-          f', {encoding}' if encoding != DEFAULT_ENCODING else '')
-      shift = 0.06 * i  # keep the markers of different helper sets apart
-      line, star = styles[i % len(styles)]
-      mine = [r for r in runs if r['hops'] == hops and (helpers(r), _encoding(r)) == (used,
-                                                                                       encoding)]
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
+  groups = sorted({(helpers(r), _encoding(r)) for r in runs})
+  color = {g: f'C{i % 10}' for i, g in enumerate(groups)}
+  hops_list = sorted({r['hops'] for r in runs})
+  fig, axes = plt.subplots(1, len(hops_list), figsize=(1.5 + 3 * len(hops_list), 4.2),
+                           squeeze=False)
+  for ax, hops in zip(axes[0], hops_list):
+    here = [r for r in runs if r['hops'] == hops]
+    for i, g in enumerate(groups):
+      mine = [r for r in here if (helpers(r), _encoding(r)) == g]
+      shift = 0.08 * (i - (len(groups) - 1) / 2)  # keep the groups' markers apart
       ts = sorted((r['depth'] + shift, r['levels_solved']) for r in mine
                   if r['kind'] == 'transformer' and not r.get('seed')
                   and not r.get('hop_curriculum'))
       if ts:
-        ax.plot(*zip(*ts), line, label=f'transformer, H={hops}{suffix}')
-      for r in mine:
-        if r['kind'] == 'context_ready':
-          ax.scatter([r['depth'] + shift], [r['levels_solved']], marker=star, s=150,
-                     label=f"CRT {r['model']}, H={hops}{suffix}")
-  top = max(len(r['level_accuracy']) for r in runs)  # H, or H + 1 levels for 'tables'
-  ax.set_ylim(-0.3, top + 0.3)
-  ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-  ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
-  ax.set_xlabel('layers (N for transformers, D for the context-ready model)')
-  ax.set_ylabel('levels solved (> 90%)')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
+        ax.plot(*zip(*ts), 'o-', color=color[g], markersize=4)
+      crt = [r for r in mine if r['kind'] == 'context_ready']
+      if crt:
+        ax.scatter([r['depth'] + shift for r in crt], [r['levels_solved'] for r in crt],
+                   marker='*', s=140, color=color[g], edgecolors='black', linewidths=0.4,
+                   zorder=3)
+    top = max(len(r['level_accuracy']) for r in here)  # H, or H + 1 levels for 'tables'
+    ax.axhline(top, color='gray', linestyle=':', linewidth=1)
+    ax.set_ylim(-0.3, top + 0.5)
+    ax.set_xlim(0.5, max(2, max(r['depth'] for r in here)) + 0.5)
+    ax.set_title(f'H = {hops} ({top} levels at most)', fontsize=9)
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.set_xlabel('layers (N; D = 1 for the CRT)', fontsize=8)
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('levels solved (> 90%)')
+  handles = [Line2D([], [], color='gray', marker='o', markersize=4, label='transformer, N layers'),
+             Line2D([], [], color='gray', marker='*', markersize=11, linestyle='',
+                    label='CRT D = 1 (BPTT), one star per seed')]
+  handles += [Line2D([], [], color=color[g], linewidth=6, label=_group_label(*g)) for g in groups]
+  rows = -(-len(handles) // 2)
+  fig.legend(handles=handles, loc='lower center', ncol=2, fontsize=7, frameon=False)
+  fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
