@@ -11,6 +11,13 @@
 #     --extra=--config.eval_batches=1" bash launch/pointer_chasing_h10.sh   # CPU smoke run
 #
 # Rerunning resumes: finished models are skipped, interrupted ones continue from their checkpoint.
+#
+# Measured on one NVIDIA H200 (2026-12-04, docs/pointer_chasing.md "H = 10 on one GPU"): 63 ms
+# per step for d1_bptt, 4.7 / 6.2 / 14.4 / 18.6 ms for t1 / t5 / t9 / t11, and ~15-20 s of
+# start-up and compilation per trainer process (a probe is one too). d1_bptt solved every level
+# at step 4,500 (~5 min). The whole sweep at 5,000 steps is ~9 min of training plus ~3 min of
+# start-ups: more than one 10-minute device call, so run it in two (the second resumes), or
+# name fewer models. d1_bptt goes first, so a deadline cuts a transformer, not the D = 1 run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${POINTER_BUDGET_S:-420}"
@@ -21,7 +28,7 @@ BUDGET="${POINTER_BUDGET_S:-420}"
 # at that evaluation (--stop_accuracy=0.99). Pass POINTER_ARGS without the two flags for the
 # key-only reading.
 ARGS="${POINTER_ARGS:---hops=10 --encoding=tables --entry_targets --equals_targets \
---stop_accuracy=0.99 --models=t1,t5,t9,t11,d1_bptt --steps=5000}"
+--stop_accuracy=0.99 --models=d1_bptt,t1,t5,t9,t11 --steps=5000}"
 if python -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
