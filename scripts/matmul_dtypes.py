@@ -5,12 +5,16 @@ the peer-shape training step (M = B·T = 2048 tokens, C = 512, MLP 4C = 2048, V 
   python scripts/matmul_dtypes.py --tokens=512 --repeats=9
   python scripts/matmul_dtypes.py --step_dots     # the operand types of the bf16 step's dots
   python scripts/matmul_dtypes.py --few_rows      # decode-like products of 1-64 rows
+  python scripts/matmul_dtypes.py --resident      # one-row steps over 8-256 MB of weights
 
 Prints one row per shape and weight layout: GFLOP/s of the jitted product in float32, in bfloat16
 with bfloat16 output (what a `dtype='bfloat16'` layer computes) and in bfloat16 with float32
 accumulation, and the faster bfloat16 ÷ float32 speed. Written to explain docs/benchmarks.md's `cpu_bf16` section: on a
 CPU with bfloat16 matrix units (AMX) the peer's bf16 autocast step is much faster than its float32
 one, ours is not. Medians of `--repeats` timed calls after one warm-up call.
+
+`--resident` asks whether a decode step whose weights fit the last-level cache reads them faster
+than memory: a one-row, decode-like loop over weight sets of 8 to 256 MB, GB/s per size.
 
 `--step_dots` compiles the benchmark's bfloat16 training step at the peer's shape
 (`ctr_jax.bench.suite.train_step_and_state`, `dtype='bfloat16'`) and counts the dot products of
@@ -38,6 +42,8 @@ flags.DEFINE_integer('repeats', 7, 'Timed calls per product.')
 flags.DEFINE_bool('step_dots', False, "Count the bf16 training step's dots by operand types.")
 flags.DEFINE_bool('few_rows', False, 'Time decode-like products with few rows: x W^T against '
                   '`layers.few_rows_product`, through the weights of a 6-layer MLP stack.')
+flags.DEFINE_bool('resident', False, 'Time one-row decode-like loops over 8-256 MB of weights: '
+                  'the streaming rate of weights that fit the last-level cache against memory.')
 
 
 def dot_types(hlo_text: str) -> collections.Counter:
@@ -118,8 +124,33 @@ def few_rows_rates(rows: int, depth: int = 6, width: int = 512, steps: int = 32)
   return out
 
 
+def resident_rate(megabytes: float, matrices: int = 8, steps: int = 16) -> float:
+  """GB/s of float32 weights read per step of a one-row loop over `matrices` square weights of
+  `megabytes` in all: every step reads each weight once, as a batch-1 decode step does, and the
+  same weights again at the next step, so a set that stays in the cache is read from there."""
+  n = int((megabytes * 2**20 / 4 / matrices) ** 0.5)
+  weights = [jax.random.normal(k, (n, n)) / n ** 0.5
+             for k in jax.random.split(jax.random.key(0), matrices)]
+
+  def run(x, weights):
+    def step(h, _):
+      for w in weights:
+        h = jnp.tanh(h @ w.T)
+      return h, None
+    return jax.lax.scan(step, x, None, length=steps)[0]
+  per_step = seconds(jax.jit(run), jax.random.normal(jax.random.key(1), (1, n)), weights) / steps
+  return matrices * n * n * 4 / per_step / 1e9
+
+
 def main(argv):
   del argv
+  if FLAGS.resident:
+    print('| weights MB | one-row step ms | GB/s |')
+    print('|---|---|---|')
+    for megabytes in (8, 16, 32, 64, 92, 128, 256):
+      rate = resident_rate(megabytes)
+      print(f'| {megabytes} | {megabytes * 2**20 / rate / 1e6:.2f} | {rate:.1f} |', flush=True)
+    return
   if FLAGS.few_rows:
     # Each float32 weight (4 bytes) is used in 2 * rows FLOPs, so GFLOP/s = GB/s * rows / 2:
     # where that stays far below the matmul peak while GB/s falls, the kernel, not memory, limits.
