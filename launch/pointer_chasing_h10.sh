@@ -13,7 +13,7 @@
 # Rerunning resumes: finished models are skipped, interrupted ones continue from their checkpoint.
 #
 # Measured on one NVIDIA H200 (2026-12-04, docs/pointer_chasing.md "H = 10 on one GPU"): 63 ms
-# per step for d1_bptt, 4.7 / 6.2 / 14.4 / 18.6 ms for t1 / t5 / t9 / t11, and ~15-20 s of
+# per step for d1_bptt, 4.7 / 6.2 / 14.4 / 18.6 ms for t1 / t5 / t9 / t11, and ~12-21 s of
 # start-up and compilation per trainer process (a probe is one too). d1_bptt solved every level
 # at step 4,500 (~5 min). The whole sweep at 5,000 steps is ~9 min of training plus ~3 min of
 # start-ups: more than one 10-minute device call, so run it in two (the second resumes), or
