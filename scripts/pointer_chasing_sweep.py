@@ -322,7 +322,8 @@ def _group_label(used: tuple[str, ...], encoding: str) -> str:
 
 def _plot(runs, path):
   """One panel per H: levels solved against depth, one colour per encoding and helper set
-  (transformers a line over N, the D = 1 CRT a star per seed), one legend below the panels."""
+  (transformers a line over N, context-ready models a star per seed), one legend below the
+  panels."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -354,12 +355,12 @@ def _plot(runs, path):
     ax.set_title(f'H = {hops} ({top} levels at most)', fontsize=9)
     ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    ax.set_xlabel('layers (N; D = 1 for the CRT)', fontsize=8)
+    ax.set_xlabel('layers (N, or D for the context-ready model)', fontsize=8)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel('levels solved (> 90%)')
   handles = [Line2D([], [], color='gray', marker='o', markersize=4, label='transformer, N layers'),
              Line2D([], [], color='gray', marker='*', markersize=11, linestyle='',
-                    label='CRT D = 1 (BPTT), one star per seed')]
+                    label='context-ready model, one star per seed')]
   handles += [Line2D([], [], color=color[g], linewidth=6, label=_group_label(*g)) for g in groups]
   rows = -(-len(handles) // 2)
   fig.legend(handles=handles, loc='lower center', ncol=2, fontsize=7, frameon=False)
