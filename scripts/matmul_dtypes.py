@@ -110,18 +110,23 @@ def few_rows_rates(rows: int, depth: int = 6, width: int = 512, steps: int = 32)
   weights = [jax.random.normal(k, (4 * width, width) if i % 2 == 0 else (width, 4 * width))
              / width ** 0.5 for i, k in enumerate(keys)]
   x = jax.random.normal(jax.random.key(1), (rows, width))
-  out = {}
-  for name, product in (('x W^T', lambda a, w: a @ w.T), ('few_rows_product',
-                                                            layers.few_rows_product)):
-    def run(x, weights, product=product):
-      def step(h, _):
-        for w_in, w_out in zip(weights[::2], weights[1::2]):
-          h = jnp.tanh(product(jnp.tanh(product(h, w_in)), w_out))
-        return h, None
-      return jax.lax.scan(step, x, None, length=steps)[0]
-    per_step = seconds(jax.jit(run), x, weights) / steps
-    out[name] = sum(w.size for w in weights) * 4 / per_step / 1e9
-  return out
+  return {name: streamed_rate(product, x, weights, steps)
+          for name, product in (('x W^T', lambda a, w: a @ w.T),
+                                ('few_rows_product', layers.few_rows_product))}
+
+
+def streamed_rate(product, x, weights, steps: int) -> float:
+  """GB/s of float32 weights read by a decode-like loop: `steps` iterations of a `scan`, each
+  taking the activations through every weight in turn (tanh(product(h, w))), so that each step
+  reads all the weights once and the next step reads the same ones again."""
+  def run(x, weights):
+    def step(h, _):
+      for w in weights:
+        h = jnp.tanh(product(h, w))
+      return h, None
+    return jax.lax.scan(step, x, None, length=steps)[0]
+  per_step = seconds(jax.jit(run), x, weights) / steps
+  return sum(w.size for w in weights) * 4 / per_step / 1e9
 
 
 def resident_rate(megabytes: float, matrices: int = 8, steps: int = 16) -> float:
@@ -131,15 +136,8 @@ def resident_rate(megabytes: float, matrices: int = 8, steps: int = 16) -> float
   n = int((megabytes * 2**20 / 4 / matrices) ** 0.5)
   weights = [jax.random.normal(k, (n, n)) / n ** 0.5
              for k in jax.random.split(jax.random.key(0), matrices)]
-
-  def run(x, weights):
-    def step(h, _):
-      for w in weights:
-        h = jnp.tanh(h @ w.T)
-      return h, None
-    return jax.lax.scan(step, x, None, length=steps)[0]
-  per_step = seconds(jax.jit(run), jax.random.normal(jax.random.key(1), (1, n)), weights) / steps
-  return matrices * n * n * 4 / per_step / 1e9
+  return streamed_rate(lambda a, w: a @ w.T, jax.random.normal(jax.random.key(1), (1, n)),
+                       weights, steps)
 
 
 def main(argv):
