@@ -1,1 +1,1 @@
-"""Experiment configs: each module defines get_config(arg); see common.py for every field."""
+"""Experiment configs: each file defines get_config(arg); every field is in ctr_jax/config_lib.py."""

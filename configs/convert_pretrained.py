@@ -3,7 +3,7 @@
 The run whose numbers are in docs/conversion.md (2 shared CPU cores: about 20 minutes of
 training, 40 steps of each model):
 
-  python scripts/convert_pretrained.py --config=configs/convert_pretrained.py
+  python -m ctr_jax.projects.conversion --config=configs/convert_pretrained.py
 
 Args (`:a=1,b=x`): model (a name in ctr_jax.pretrained.MODELS) or gguf=PATH (any llama/gemma3
 GGUF file), steps, batch, seq_len, k (the converted model's training K), lr, warmup,
@@ -56,6 +56,6 @@ def get_config(arg=None):
     c.max_chapters = 60
     c.eval_windows, c.eval_batch, c.num_tokens = 4, 4, 4
   # Bad values fail here, when the flag is parsed, not after the model has loaded.
-  from ctr_jax.experiments import convert_pretrained  # pylint: disable=g-import-not-at-top
+  from ctr_jax.projects.conversion import experiment as convert_pretrained  # pylint: disable=g-import-not-at-top
   convert_pretrained.validate(c)
   return c

@@ -10,8 +10,8 @@ A CPU smoke run of the same config in minutes on the embedded corpus:
   python -m ctr_jax.main --config=configs/d1_c2048.py:runlocal --workdir=/tmp/d1_c2048_local
 """
 
-from configs import common
+from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  return common.paper_config('d1_c2048', arg)
+  return config_lib.paper_config('d1_c2048', arg)

@@ -9,12 +9,11 @@ batch 16 (the author's memory limit). CPU smoke run:
   python -m ctr_jax.main --config=configs/d1_c2048_k10.py:runlocal --workdir=/tmp/d1_k10_local
 """
 
-from configs import common
 from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  c = common.paper_config('d1_c2048', None, k_unroll=10, k_min=0)
+  c = config_lib.paper_config('d1_c2048', None, k_unroll=10, k_min=0)
   c.data.seq_len = 1024
   c.batch_size = 16
   if config_lib.parse_arg(arg, runlocal=False).runlocal:

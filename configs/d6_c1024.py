@@ -10,8 +10,8 @@ A CPU smoke run of the same config in minutes on the embedded corpus:
   python -m ctr_jax.main --config=configs/d6_c1024.py:runlocal --workdir=/tmp/d6_c1024_local
 """
 
-from configs import common
+from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  return common.paper_config('d6_c1024', arg)
+  return config_lib.paper_config('d6_c1024', arg)

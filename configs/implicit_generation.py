@@ -5,21 +5,22 @@ workdir), then generates 20 greedy tokens for 5 prompts; at every step the patch
 recomputed and the patched model sees only the current token. Compares float32 and bfloat16,
 the direct and the stable update (Gemma), and the first patched layer (0, L/2, last only):
 
-  python scripts/implicit_generation.py --config=configs/implicit_generation.py
+  python -m ctr_jax.projects.implicit_generation --config=configs/implicit_generation.py
 
-The same experiment on a real pretrained model from its pip package (ctr_jax/pretrained.py,
+The same experiment on a real pretrained model from its pip package (ctr_jax/pretrained/packaged.py,
 docs/pretrained.md): `model=gemma3_270m` (Gemma 3 270M base, GGUF Q4_K_M) or `model=smollm2_135m`
 (SmolLM2-135M-Instruct, GGUF Q4_1), the paper's five prompts:
 
-  python scripts/implicit_generation.py --config=configs/implicit_generation.py:model=gemma3_270m
+  python -m ctr_jax.projects.implicit_generation --config=configs/implicit_generation.py:model=gemma3_270m
 
 Each run writes its results json under docs/implicit_generation/ and regenerates its section of
-docs/implicit_updates.md (between the section's markers) from it.
+docs/implicit_updates.md or docs/implicit_updates_pretrained.md (between the section's markers)
+from it.
 
 Or on a Hugging Face checkpoint (e.g. google/gemma-3-1b-it downloaded to a
 directory; the paper's five prompts, Gemma chat format):
 
-  python scripts/implicit_generation.py \
+  python -m ctr_jax.projects.implicit_generation \
       --config=configs/implicit_generation.py:hf_dir=/path/to/gemma-3-1b-it
 
 Results (results.json, table.md) go to `workdir`, figures also to `figures_dir`. Args: `model`
@@ -86,7 +87,9 @@ def get_config(arg=None):
   c.figures_dir = 'docs/figures'          # '' = workdir only
   # The committed results json and the doc section generated from it ('' = neither).
   c.results_json = f'docs/implicit_generation/{name}.json' if name else ''
-  c.doc = 'docs/implicit_updates.md' if name else ''
+  # The small models' section is on the experiment's page, the real models' on their own.
+  c.doc = ('docs/implicit_updates.md' if name == 'small_models' else
+           'docs/implicit_updates_pretrained.md' if name else '')
   c.doc_section = name
   c.figure_prefix = 'implicit_generation' + (f'_{arg.model}' if arg.model else '')
   c.seed = 0

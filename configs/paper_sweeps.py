@@ -2,7 +2,7 @@
 
 Print the commands of one sweep, one run per line, to paste into a cluster queue:
 
-  python scripts/print_sweep.py configs/paper_sweeps.py table1 --workdir_root=/shared/work
+  python -m ctr_jax.projects.print_sweep configs/paper_sweeps.py table1 --workdir_root=/shared/work
 
 `get_config(arg)` returns the base run (D=5, C=1120), so this file also runs directly:
 
@@ -21,14 +21,14 @@ Sweeps (reference sections 6.2-6.5, 6.9):
   block_size  D=1 C=2048 vs N=2 C=1888 at block 64, 256, 512 and 1024 (section 6.9).
 """
 
-from configs import common
+from ctr_jax import config_lib
 
 TABLE1 = ('d1_c2048', 'd3_c1408', 'd5_c1120', 'd6_c1024', 'd11_c768',
           't2_c1888', 't4_c1344', 't6_c1088', 't12_c768')
 
 
 def get_config(arg=None):
-  return common.paper_config('d5_c1120', arg)
+  return config_lib.paper_config('d5_c1120', arg)
 
 
 def sweep_table1(add):

@@ -2,7 +2,7 @@ r"""Pointer chasing (paper section 5.6): depth separation between transformers a
 
   python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=10,model=d1_bptt --workdir=DIR
   python -m ctr_jax.main --config=configs/pointer_chasing.py:hops=10,model=t4 --workdir=DIR
-  python scripts/pointer_chasing_sweep.py --hops=3 --steps=5000   # the whole staircase
+  python -m ctr_jax.projects.pointer_chasing.sweep --hops=3 --steps=5000   # the whole staircase
   # D = 1 BPTT solved every H = 3 level by ~1,900 steps with the '=' helper targets:
   python -m ctr_jax.main --workdir=DIR \
       --config=configs/pointer_chasing.py:hops=3,model=d1_bptt,equals_targets=1
@@ -53,11 +53,8 @@ initialisation (init='torch'; 0.02-std initialisation stayed at chance for 800 s
 
 import re
 
-from configs import common
-from ctr_jax import config_lib
-from ctr_jax import models
-from ctr_jax.data import curricula
-from ctr_jax.data import pointer_chasing
+from ctr_jax import config_lib, models
+from ctr_jax.data import curricula, pointer_chasing
 
 
 def model_for(name: str, hops: int, width: int = 128, heads: int = 4,
@@ -86,7 +83,7 @@ def get_config(arg=None):
                               hop_curriculum='',
                               stop_accuracy=0.0, runlocal=False)
   encoding = pointer_chasing.check_encoding(args.encoding)
-  c = common.get_base()
+  c = config_lib.get_base()
   c.model, recipe = model_for(args.model, args.hops, args.width, encoding=encoding)
   c.model.positions = args.positions  # checked with the model config
   c.train.update(recipe)

@@ -9,14 +9,12 @@ configs/quickstart.py:transformer; `runlocal` (accepted by every config) cuts it
 smoke run of about 2 minutes: configs/quickstart.py:runlocal or :transformer,runlocal.
 """
 
-from configs import common
-from ctr_jax import config_lib
-from ctr_jax import models
+from ctr_jax import config_lib, models
 
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, transformer=False, runlocal=False)
-  c = common.get_base()
+  c = config_lib.get_base()
   if args.transformer:
     c.model = models.model_config(kind='transformer', width=128, depth=4, num_heads=4,
                                   vocab_size=4096, max_len=256)

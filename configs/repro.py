@@ -1,7 +1,7 @@
 """The reproduction study's recipe: one size on the embedded KJV corpus, the same for every run.
 
   python -m ctr_jax.main --config=configs/repro.py:size=d2_c144_h4,seed=0 --workdir=DIR
-  python scripts/reproduce.py --study=table1 --seeds=3     # a whole study (docs/reproduction.md)
+  python -m ctr_jax.projects.reproduce --study=table1 --seeds=3     # a whole study (docs/reproduction.md)
 
 Every run of a study shares data (KJV, fixed train/validation split, V = 2,048), tokens seen
 (steps x batch x seq_len), optimiser and schedule (AdamW, linear warmup, cosine decay) and seeds,
@@ -14,16 +14,14 @@ and differs only in what the study varies. Args:
   runlocal: a few steps of the same recipe, for smoke tests.
 """
 
-from configs import common
-from ctr_jax import config_lib
-from ctr_jax import models
+from ctr_jax import config_lib, models
 
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, size='d2_c144_h4', steps=1200, batch=16, seq_len=128, seed=0,
                               vocab=2048, lr=1e-3, k=5, k_min=2, grad_iterations=0, correction='add',
                               cumulative=False, runlocal=False)
-  c = common.get_base()
+  c = config_lib.get_base()
   fields = dict(vocab_size=args.vocab, max_len=max(256, args.seq_len))
   if models.decode_size(args.size)['kind'] == 'context_ready':
     fields.update(k_unroll=args.k, correction=args.correction, cumulative=args.cumulative)

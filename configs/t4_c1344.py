@@ -10,8 +10,8 @@ A CPU smoke run of the same config in minutes on the embedded corpus:
   python -m ctr_jax.main --config=configs/t4_c1344.py:runlocal --workdir=/tmp/t4_c1344_local
 """
 
-from configs import common
+from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  return common.paper_config('t4_c1344', arg)
+  return config_lib.paper_config('t4_c1344', arg)

@@ -1,17 +1,119 @@
-"""Helpers for experiment configs: `file.py:k=v,...` args, validation and the CPU shrink."""
+"""Experiment configs: the shared defaults (`get_base`), the paper's recipe (`paper_config`),
+`file.py:k=v,...` args, validation and the CPU shrink.
+
+Every field is listed in `get_base` once, with a comment; the files in configs/ call it (or
+`paper_config`) and override. Fields the paper does not report (optimizer details, schedule,
+warmup) are our choices and are marked as such.
+"""
 
 import ast
 import difflib
 import json
-import os
 import re
+import sys
 
+from absl import flags
+import jax
+import jax.numpy as jnp
 import ml_collections
 
-from ctr_jax import models
-from ctr_jax import train_step
+from ctr_jax import models, tasks
+from ctr_jax.training import compat, optim, sharding, train_step
 
 JOBS = ('train', 'evaluate', 'generate', 'prepare')
+
+
+def get_base() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.job = 'train'                # 'train' (train and evaluate) | 'evaluate' | 'generate' |
+                                 # 'prepare' (only build the dataset, tokenizer and token cache)
+  c.seed = 0
+  c.model = models.model_config()  # see ctr_jax/models/config.py for the model fields
+
+  # The training recipe (ctr_jax/training/train_step.py): how batches are trained, not what the model is,
+  # so a resumed run may change it.
+  c.train = ml_collections.ConfigDict()
+  c.train.mode = 'unroll'        # 'unroll' (parallel K-step forward) | 'bptt' (backpropagation
+                                 # through the exact sequential forward; context-ready only)
+  c.train.k_min = 0              # >0: K ~ Uniform{k_min..model.k_unroll} per batch; 0 = fixed K
+  c.train.convergence_weight = 0.1  # lambda of MSE(e + c^(K), stopgrad(e + c^(K-1))) (unroll)
+  c.train.remat = False          # rematerialise each fixed-point iteration (unroll)
+  c.train.grad_iterations = 0    # >0: backpropagate through the last m of the K iterations only
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = 'kjv_bible'      # 'kjv_bible' | 'openwebtext' | 'wikipedia' | 'pointer_chasing'
+  c.data.data_dir = ''           # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets
+  c.data.manual_dir = ''         # raw archives for openwebtext / wikipedia
+  c.data.seq_len = 256           # T, the paper's "block size"
+                                 # (configs/pointer_chasing.py adds the pointer task's fields)
+
+  c.batch_size = 64              # global batch (split over processes and data/fsdp devices)
+  c.total_steps = 100_000
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 2e-4              # the paper's learning rate
+  c.optim.warmup_steps = 2000    # our choice (not reported by the paper)
+  c.optim.min_lr_ratio = 0.1     # cosine decay to lr * min_lr_ratio (our choice)
+  c.optim.weight_decay = 0.1     # AdamW, on matrices only (our choice)
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.95
+  c.optim.eps = 1e-8
+  c.optim.grad_clip = 1.0        # global-norm clipping; 0 = off
+
+  c.log_every = 100
+  c.eval_every = 5000            # the author's evaluation interval
+  c.eval_batches = 20            # validation batches per evaluation (0 = the whole split)
+  c.eval_sequential = True       # also evaluate a context-ready model with the exact scan
+  c.checkpoint_every = 5000
+  c.keep_checkpoints = 3           # newest checkpoints kept (>= 1)
+  c.strict_resume = False        # False: a damaged newest checkpoint is moved aside with a warning
+                                 # and the run resumes from the newest complete older one;
+                                 # True: refuse (docs/reliability.md)
+  c.exit_at_step = -1            # save and exit at this step (time-sliced clusters, tests)
+  c.init_from = ''               # workdir of a transformer run to convert (zero-init correction);
+                                 # for a transformer run: continue its weights (fresh optimiser)
+
+  c.sample = ml_collections.ConfigDict()
+  c.sample.prompt = 'And God said'
+  c.sample.num_tokens = 64
+  c.sample.temperature = 0.8
+  c.sample.top_k = 40
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1               # -1 = all remaining devices
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  c.sharding_rules = [list(r) for r in sharding.DEFAULT_RULES]
+
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.auto = True      # initialise automatically under SLURM / on a TPU pod
+  c.distributed.coordinator_address = ''  # e.g. '10.0.0.1:1234' to initialise explicitly
+  c.distributed.num_processes = 1
+  c.distributed.process_id = 0
+  return c
+
+
+def paper_config(size: str, arg: str | None, *, k_min: int = 2,
+                 **model_overrides) -> ml_collections.ConfigDict:
+  """The author's OpenWebText recipe for one size name (reference section 6.1).
+
+  Vocabulary 32,000, block 256, batch 64, 100K steps, lr 2e-4, K = 5 with k_min = 2, lambda = 0.1,
+  16 heads. Args: `runlocal` shrinks it to a CPU run of a few minutes on the embedded corpus.
+  """
+  args = parse_arg(arg, runlocal=False)
+  c = get_base()
+  fields = dict(vocab_size=32000, max_len=1024, k_unroll=5)
+  c.model = models.model_config(name=size, **{**fields, **model_overrides})
+  c.train.k_min = k_min
+  c.train.convergence_weight = 0.1
+  c.data.name = 'openwebtext'
+  c.data.seq_len = 256
+  c.batch_size = 64
+  c.total_steps = 100_000
+  c.optim.lr = 2e-4
+  if args.runlocal:
+    shrink_for_cpu(c)
+  return c
 
 
 def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
@@ -43,10 +145,6 @@ def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
   return values
 
 
-def default_data_dir() -> str:
-  return os.path.expanduser(os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
-
-
 def _check(ok, field, message):
   if not ok:
     raise ValueError(f'config.{field}: {message}')
@@ -57,7 +155,6 @@ def validate(config) -> None:
   _check(config.job in JOBS, 'job', f'got {config.job!r}, allowed {list(JOBS)}')
   models.validate(config.model)
   train_step.validate(config.train, config.model)
-  from ctr_jax import tasks  # pylint: disable=g-import-not-at-top  (tasks import config_lib)
   tasks.validate_config(config)  # data.name, and the fields of that task
   for field in ('total_steps', 'batch_size', 'log_every', 'eval_every', 'checkpoint_every'):
     _check(int(config[field]) >= 1, field, f'must be >= 1, got {config[field]!r}')
@@ -87,7 +184,7 @@ def check_moved_overrides(argv) -> None:
   for arg in argv:
     name = arg.lstrip('-').split('=', 1)[0]
     if name.startswith('config.model.'):
-      models.validate_not_moved([name[len('config.model.'):]])
+      compat.check_not_moved([name[len('config.model.'):]])
 
 
 def shrink_for_cpu(config) -> None:
@@ -113,8 +210,6 @@ def shrink_for_cpu(config) -> None:
 
 def parse_flags_one_line_errors(flag_values, argv, program: str):
   """Parses absl flags; a bad config file, arg or override ends as one line and exit code 2."""
-  import sys  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
   try:
     argv = flag_values(argv)
     flag_values.config.get('name')  # a config file that failed to load raises here
@@ -212,9 +307,6 @@ def state_structure_changes(saved_config: dict, config) -> list[tuple[str, objec
   Such a change (e.g. optim.grad_clip 0 <-> > 0 adds or drops optax's clipping state) makes the
   checkpoint's optimizer state unreadable; compared on a two-leaf stand-in for the parameters.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from ctr_jax import optim  # pylint: disable=g-import-not-at-top
   saved = dict(saved_config.get('optim') or {})
   current = json.loads(config.optim.to_json())
   params = {'kernel': jnp.zeros((2, 2)), 'bias': jnp.zeros((2,))}

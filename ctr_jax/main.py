@@ -1,16 +1,18 @@
 """Command-line entry point: python -m ctr_jax.main --config=configs/NAME.py[:arg] --workdir=DIR.
 
-Kept short on purpose: the logic lives in importable libraries (ctr_jax.train) that notebooks and
+Kept short on purpose: the logic lives in importable libraries (ctr_jax.trainer) that notebooks and
 tests call directly. The job (train / evaluate / generate) is chosen by `config.job`.
 """
 
 import os
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
+import jax
 from ml_collections import config_flags
+
+from ctr_jax import config_lib, trainer
+from ctr_jax.training import distributed
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summaries.')
@@ -24,13 +26,11 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if not any(a.startswith(('--verbosity', '-v')) for a in sys.argv[1:]):
     logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, grain) drown the progress bar
-  import jax  # pylint: disable=g-import-not-at-top  (after flags: grain workers need them parsed)
-  from ctr_jax import distributed, train  # pylint: disable=g-import-not-at-top
   try:
     distributed.maybe_initialize(FLAGS.config.distributed)
     logging.info('JAX process %d/%d, devices: %s', jax.process_index(), jax.process_count(),
                  jax.devices())
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except (ValueError, OSError, RuntimeError) as e:
     # One line, no traceback (CTR_JAX_TRACEBACK=1 shows it). Exit 2: the input (config, flags,
     # workdir) is wrong; 3: the run failed (NaN, damaged checkpoint, disk full, I/O error).
@@ -43,7 +43,6 @@ def main(argv):
 
 def parse_flags(argv):
   """absl flag parsing whose errors (bad config file, arg or override) end as one line."""
-  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
   try:  # before absl, whose message for a missing field would not say where it went
     config_lib.check_moved_overrides(argv[1:])
   except ValueError as e:

@@ -36,4 +36,4 @@ if python -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
 # shellcheck disable=SC2086
-exec python scripts/pointer_chasing_sweep.py ${ARGS} --time_budget_s="${BUDGET}" "$@"
+exec python -m ctr_jax.projects.pointer_chasing.sweep ${ARGS} --time_budget_s="${BUDGET}" "$@"

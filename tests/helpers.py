@@ -7,7 +7,7 @@ import sys
 import jax
 import numpy as np
 
-from ctr_jax import models
+from ctr_jax import config_lib, models
 
 
 def random_model(seed: int, *, kind='context_ready', depth=None, dtype='float32', **overrides):
@@ -34,13 +34,7 @@ def max_abs_diff(a, b) -> float:
 
 def tiny_train_config(data_dir: str, **overrides):
   """A seconds-long training config on the embedded corpus (tests only)."""
-  import sys  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  from configs import common  # pylint: disable=g-import-not-at-top
-  c = common.get_base()
+  c = config_lib.get_base()
   c.model = models.model_config(kind='context_ready', width=32, depth=1, num_heads=2,
                                 vocab_size=320, max_len=64, k_unroll=3)
   c.data.data_dir = data_dir

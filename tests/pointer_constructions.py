@@ -14,9 +14,9 @@ scores; RoPE is the standard base-10000 ladder, used two ways within a 256-wide 
   - the slowest pairs barely turn over the sequence (cos >= COS_MIN) and carry content codes.
 """
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ctr_jax import models
 from ctr_jax.data import pointer_chasing as pc

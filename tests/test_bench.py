@@ -9,7 +9,6 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 @pytest.mark.slow
@@ -101,7 +100,8 @@ def test_peer_comparisons_are_paired_and_judged(monkeypatch):
   """With a (fake) peer installed, the training and `generate` comparisons come from rounds that
   run both sides in turn, and the report prints one verdict per goal."""
   from configs.bench import tiny  # pylint: disable=g-import-not-at-top
-  from ctr_jax.bench import peer, report, runner, timing  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import peer, report, runner  # pylint: disable=g-import-not-at-top
+  from ctr_jax.reporting import timing  # pylint: disable=g-import-not-at-top
   calls = []
 
   # The fakes take measurable time, so no ratio is a division by a timer's zero.
@@ -144,7 +144,7 @@ def test_peer_comparisons_are_paired_and_judged(monkeypatch):
 
 
 def test_interleaved_rounds_rotate_the_order():
-  from ctr_jax.bench import timing  # pylint: disable=g-import-not-at-top
+  from ctr_jax.reporting import timing  # pylint: disable=g-import-not-at-top
   calls = []
   fns = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
   times = timing.interleaved_seconds(fns, warmup=1, repeats=3)
@@ -188,11 +188,10 @@ def test_results_record_the_command_with_its_overrides(tmp_path):
 
 
 def test_training_profile_puts_the_step_in_its_categories():
-  """scripts/profile_training.py's JAX side on a toy model: the forward and backward dense
+  """ctr_jax.projects.perf.profile_training's JAX side on a toy model: the forward and backward dense
   products, the attention products and the optimizer each get time; almost nothing is 'other'."""
-  sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-  import profile_training  # pylint: disable=g-import-not-at-top
-  from configs.bench import base  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import configs as base  # pylint: disable=g-import-not-at-top
+  from ctr_jax.projects.perf import profile_training
   fields = base.peer_shape(width=32, depth=2, num_heads=2, vocab_size=64)
   wall_ms, totals, ops = profile_training.profile_jax(fields, seq_len=16, batch=2, steps=2)
   assert wall_ms > 0 and ops
@@ -255,10 +254,9 @@ def test_bf16_bench_config_validates_and_the_peer_follows_its_dtype():
 
 
 def test_the_ledger_and_the_bench_name_the_cpu_alike():
-  """`scripts/repro_lib.host()` (no JAX) and `machine.describe()` read one helper."""
-  from ctr_jax.bench import cpu_name, machine  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
-  import repro_lib  # pylint: disable=g-import-not-at-top
+  """`ctr_jax.projects.reproduce.lib.host()` (no JAX) and `machine.describe()` read one helper."""
+  from ctr_jax.projects.reproduce import lib as repro_lib
+  from ctr_jax.reporting import cpu_name, machine  # pylint: disable=g-import-not-at-top
   name = cpu_name.cpu_name()
   assert name and machine.describe()['cpu'] == name
   gpus = cpu_name.gpu_names()
@@ -269,7 +267,7 @@ def test_the_ledger_and_the_bench_name_the_cpu_alike():
 def test_the_ledger_names_the_gpus_from_nvidia_smi(tmp_path, monkeypatch):
   """A GPU machine's ledger line says which GPUs (from the driver's tool, not from JAX); a
   machine without nvidia-smi, or whose nvidia-smi fails, names none."""
-  from ctr_jax.bench import cpu_name  # pylint: disable=g-import-not-at-top
+  from ctr_jax.reporting import cpu_name  # pylint: disable=g-import-not-at-top
   fake = tmp_path / 'nvidia-smi'
   fake.write_text('#!/bin/sh\nprintf "NVIDIA H200\\nNVIDIA H200\\n"\n')
   fake.chmod(0o755)

@@ -7,10 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ctr_jax import decode, models
-from ctr_jax.models import attention
-from ctr_jax.models import blocks
-from ctr_jax.models import layers
+from ctr_jax import models
+from ctr_jax.inference import decode
+from ctr_jax.models import attention, blocks, families, layers
 from helpers import FAMILY_OPTIONS, family_lm, max_abs_diff
 
 
@@ -47,17 +46,14 @@ def test_gpt_block_keeps_its_parameter_names():
       "['head']['bias']"}
 
 
-class _GatedLayerNormBlock(blocks.LlamaBlock):
-  """A family that exists only in this test: LayerNorms, GeGLU-tanh, a head bias."""
-  norm_kind = 'layer'
-  default_activation = 'gelu_tanh'
-  head_bias = True
-
-
-def test_a_new_family_is_one_registered_class(monkeypatch):
+def test_a_new_family_is_one_traits_row_and_one_registered_class(monkeypatch):
+  """A family that exists only in this test: Llama's block with LayerNorms, GeGLU-tanh, a head
+  bias."""
   with pytest.raises(ValueError, match=r"model.block: got 'gated_ln', allowed \['gpt', "):
     models.model_config(block='gated_ln')
-  monkeypatch.setitem(blocks.BLOCK_FAMILIES, 'gated_ln', _GatedLayerNormBlock)
+  monkeypatch.setitem(families.TRAITS, 'gated_ln', families.Traits(
+      norm_kind='layer', default_activation='gelu_tanh', head_bias=True))
+  monkeypatch.setitem(blocks.BLOCK_FAMILIES, 'gated_ln', blocks.LlamaBlock)
   model = models.build(models.model_config(
       kind='transformer', block='gated_ln', vocab_size=29, width=16, depth=2, num_heads=4,
       num_kv_heads=2, max_len=32))
@@ -74,9 +70,9 @@ def test_a_new_family_is_one_registered_class(monkeypatch):
 
 
 def test_family_traits_reproduce_the_former_switches():
-  traits = {name: (cls.norm_kind, cls.default_activation, cls.scale_embeddings, cls.head_bias,
-                   cls.routed_experts, cls.learned_positions)
-            for name, cls in blocks.BLOCK_FAMILIES.items()}
+  traits = {name: (t.norm_kind, t.default_activation, t.scale_embeddings, t.head_bias,
+                   t.routed_experts, t.learned_positions)
+            for name, t in families.TRAITS.items()}
   assert traits == {'gpt': ('layer', 'gelu', False, True, False, True),
                     'gemma': ('rms_offset', 'gelu_tanh', True, False, False, False),
                     'llama': ('rms', 'silu', False, False, False, False),
@@ -86,7 +82,7 @@ def test_family_traits_reproduce_the_former_switches():
     models.model_config(block='moe', num_experts=2, experts_per_token=3)
   with pytest.raises(ValueError, match=r"model.positions: 'learned' .*\['gpt'\]"):
     models.model_config(block='llama', positions='learned')
-  assert models.BLOCKS == tuple(blocks.BLOCK_FAMILIES)
+  assert models.BLOCKS == tuple(blocks.BLOCK_FAMILIES) == tuple(families.TRAITS)
 
 
 def test_gemma_family_pieces():
@@ -178,7 +174,7 @@ def test_rope_matches_the_complex_rotation_and_computes_its_tables_once(dtype):
   """RoPE on random sizes equals the rotation of pair (j, j + Dh/2) as a complex number by
   position * base^(-2j/Dh), in value and gradient; on a CPU the compiled rotation reads its
   sin/cos tables instead of recomputing them per head and batch row (no fusion bigger than a
-  table evaluates sin or cos: `attention.rotation_table`)."""
+  table evaluates sin or cos: `kernels.rotation_table`)."""
   rng = np.random.default_rng(7)
   b, t, h, half = (int(n) for n in rng.integers(2, 6, size=4))
   x = jnp.asarray(rng.standard_normal((b, t, h, 2 * half)), dtype)

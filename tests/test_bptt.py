@@ -6,9 +6,12 @@ import numpy as np
 import optax
 import pytest
 
-from ctr_jax import bptt, decode, losses, models, train_step
-from ctr_jax.tasks import pointer_chasing as pointer_task
+from ctr_jax import models
 from ctr_jax.data import pointer_chasing as pc
+from ctr_jax.inference import bptt, decode
+from ctr_jax.tasks import losses
+from ctr_jax.tasks import pointer_chasing as pointer_task
+from ctr_jax.training import train_step
 from helpers import max_abs_diff, random_tokens
 
 
@@ -119,19 +122,19 @@ def test_the_bptt_recipe_trains_language_models_through_bptt():
   model, params, _ = tiny_model('context_ready', 1, length=8)
   batch = random_tokens(3, 19, batch=2, length=9)
   recipe = train_step.Recipe(mode='bptt', k_min=2)  # k_min and lambda mean nothing to BPTT
-  value, metrics = losses.model_loss(model, params, batch, k_unroll=1, recipe=recipe)
+  value, metrics = train_step.objective_loss(model, params, batch, losses.NextToken(), recipe, k_unroll=1)
   assert set(metrics) == {'loss', 'ce_loss'}  # no convergence term to report
 
   def reference(p):
     logits = bptt.bptt_logits(model, p, batch[:, :-1])
     return losses.next_token_loss(logits, batch[:, 1:])[0]
 
-  grads = jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=1, recipe=recipe)[0])(
+  grads = jax.grad(lambda p: train_step.objective_loss(model, p, batch, losses.NextToken(), recipe, k_unroll=1)[0])(
       params)
   expected_grads = jax.grad(reference)(params)
   assert float(value) == pytest.approx(float(reference(params)), rel=1e-6)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
     assert max_abs_diff(a, b) <= 1e-6
   # K = 1 of the unroll is a different function: the recipe, not k_unroll, chose the forward.
-  unroll = losses.model_loss(model, params, batch, k_unroll=1)[1]['ce_loss']
+  unroll = train_step.objective_loss(model, params, batch, losses.NextToken(), k_unroll=1)[1]['ce_loss']
   assert abs(float(unroll) - float(value)) > 1e-4

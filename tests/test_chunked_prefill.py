@@ -2,16 +2,16 @@
 fills, the tokens and logits decoded after it, its tolerance mode and its argument checks."""
 
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from ctr_jax import decode, models
-from helpers import max_abs_diff, random_model, random_tokens
 from test_decode_hlo import loop_cache_copies
+
+from ctr_jax import models
+from ctr_jax.inference import decode
+from helpers import max_abs_diff, random_model, random_tokens
 
 
 def _tolerances(dtype, ref_logits):
@@ -223,11 +223,9 @@ def test_chunked_generate_writes_the_kv_cache_in_place(kind):
 
 
 def test_anderson_script_plain_iteration_is_chunked_prefill_and_mixing_converges():
-  """scripts/prefill_anderson.py: memory 0 takes exactly chunked_prefill's passes in the
+  """ctr_jax.projects.perf.prefill_anderson: memory 0 takes exactly chunked_prefill's passes in the
   tolerance mode, and Anderson mixing reaches the same fixed point (the scan's logits)."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  'scripts'))
-  import prefill_anderson  # pylint: disable=g-import-not-at-top
+  from ctr_jax.projects.perf import prefill_anderson
   model, variables, tokens, _ = _setup(8, length_range=(12, 16))
   variables = _contracting(variables, 0.3)
   t0 = tokens.shape[1]
@@ -246,11 +244,12 @@ def test_anderson_script_plain_iteration_is_chunked_prefill_and_mixing_converges
 
 def test_anderson_script_bad_checkpoint_is_a_usage_error_naming_the_flag(tmp_path):
   """A workdir without a run is a user mistake: an absl usage error naming --checkpoint."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  'scripts'))
-  import prefill_anderson  # pylint: disable=g-import-not-at-top
+  from absl import (
+    app,  # pylint: disable=g-import-not-at-top
+    flags,  # pylint: disable=g-import-not-at-top
+  )
+
+  from ctr_jax.projects.perf import prefill_anderson
   flags.FLAGS(['prefill_anderson', f'--checkpoint={tmp_path}'])
   try:
     with pytest.raises(app.UsageError, match='--checkpoint'):

@@ -7,12 +7,10 @@ The CLI cases run the real `python -m ctr_jax.main` in a subprocess; they fail a
 import glob
 import importlib.util
 import os
-import sys
 
 import pytest
 
-from ctr_jax import config_lib, train
-
+from ctr_jax import config_lib, trainer
 from helpers import override, run_main, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,8 +75,6 @@ TINY = {'model.width': 32, 'model.depth': 1, 'model.num_heads': 2, 'model.vocab_
 
 
 def _quickstart(**overrides):
-  if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
   from configs import quickstart  # pylint: disable=g-import-not-at-top
   return override(quickstart.get_config(), **overrides)
 
@@ -91,15 +87,15 @@ def test_grad_clip_change_on_resume_names_the_field(tmp_path):
   tiny = {**TINY, 'data.data_dir': data_dir}
   workdir = tmp_path / 'run'
   config = _quickstart(**tiny)
-  train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:1])
+  trainer.train_and_evaluate(config, str(workdir), devices=jax.devices()[:1])
   before = _snapshot(workdir)
 
   changed = _quickstart(**tiny, **{'optim.grad_clip': 0.0})
   with pytest.raises(ValueError, match=r'config\.optim\.grad_clip=0\.0 \(the checkpoint has 1\.0'):
-    train.prepare_workdir(changed, str(workdir))
+    trainer.prepare_workdir(changed, str(workdir))
   # Another positive value keeps the state's tree: resumable.
   changed.optim.grad_clip = 0.5
-  train.prepare_workdir(changed, str(workdir))
+  trainer.prepare_workdir(changed, str(workdir))
   assert config_lib.state_structure_changes({'optim': config.optim.to_dict()}, changed) == []
 
   flags = [f'--config.{k}={v}' for k, v in tiny.items()]
@@ -120,8 +116,6 @@ def _config_files():
 
 @pytest.mark.parametrize('path', _config_files(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_every_config_accepts_runlocal(path):
-  if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
   spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

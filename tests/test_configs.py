@@ -80,10 +80,7 @@ def test_config_args_are_checked():
 
 
 def test_paper_sweeps_name_real_configs_and_fields():
-  sys_path_root = ROOT
-  import sys  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(sys_path_root, 'scripts'))
-  import print_sweep  # pylint: disable=g-import-not-at-top
+  from ctr_jax.projects import print_sweep  # pylint: disable=g-import-not-at-top
   sweeps = load(os.path.join(ROOT, 'configs', 'paper_sweeps.py')).SWEEPS
   for sweep in sweeps:
     commands = print_sweep.sweep_commands(os.path.join(ROOT, 'configs', 'paper_sweeps.py'),

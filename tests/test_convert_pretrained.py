@@ -1,25 +1,23 @@
 """Conversion of a pretrained transformer and its fine-tuning comparison, on tiny llama models.
 
-The real run (SmolLM2-135M) is scripts/convert_pretrained.py; here a random-init llama-family
+The real run (SmolLM2-135M) is ctr_jax.projects.conversion; here a random-init llama-family
 transformer and a tiny GGUF file written with the `gguf` writer stand in for it.
 """
 
 import json
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ctr_jax import convert, decode, models
-from ctr_jax.experiments import conversion_report
-from ctr_jax.experiments import convert_pretrained as cp
+from configs import convert_pretrained as config_module
+from ctr_jax import models
+from ctr_jax.inference import decode
+from ctr_jax.models import convert
+from ctr_jax.projects.conversion import experiment as cp
+from ctr_jax.projects.conversion import report as conversion_report
 from helpers import max_abs_diff, random_tokens
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import convert_pretrained as config_module  # noqa: E402
 
 
 def tiny_llama(seed=0):

@@ -15,8 +15,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from ctr_jax.data import openwebtext
-from ctr_jax.data import pipeline
+from ctr_jax.data import openwebtext, pipeline
 from ctr_jax.data import tokenizer as tokenizer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

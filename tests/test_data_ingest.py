@@ -10,10 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from ctr_jax.data import common
-from ctr_jax.data import openwebtext
-from ctr_jax.data import pipeline
-from ctr_jax.data import wikipedia
+from ctr_jax.data import common, openwebtext, pipeline, wikipedia
 
 
 def _names_in_split(template, fraction, validation, count):

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from ctr_jax import decode, models
+from ctr_jax import models
+from ctr_jax.inference import decode
 
 
 def _computations(hlo: str) -> dict[str, list[str]]:

@@ -1,8 +1,8 @@
-"""ctr_jax.doc_sections: the one writer of generated markdown sections."""
+"""ctr_jax.reporting.doc_sections: the one writer of generated markdown sections."""
 
 import os
 
-from ctr_jax import doc_sections
+from ctr_jax.reporting import doc_sections
 
 
 def test_replace_between_keeps_hand_written_text_and_other_sections(tmp_path):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ctr_jax import decode
+from ctr_jax.inference import decode
 from helpers import max_abs_diff, random_model, random_tokens
 
 

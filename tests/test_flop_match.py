@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from ctr_jax import flop_match
 from ctr_jax import models
+from ctr_jax.models import flop_match
 
 
 def _paper_cost(kind, depth, width, vocab):

@@ -8,11 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_decode_hlo import loop_computations
 
-from ctr_jax import decode, models
+from ctr_jax import models
+from ctr_jax.inference import decode
 from ctr_jax.models import attention
 from helpers import family_lm, max_abs_diff, random_model
-from test_decode_hlo import loop_computations
 
 FAMILIES = ['gpt', 'gemma', 'llama', 'falcon', 'moe']
 

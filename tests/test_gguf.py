@@ -19,8 +19,8 @@ import pytest
 
 gguf = pytest.importorskip('gguf')
 
-from ctr_jax import gguf_reader  # noqa: E402
-from ctr_jax import gguf_tokenizer  # noqa: E402
+from ctr_jax import pretrained  # noqa: E402
+from ctr_jax.pretrained import gguf_reader, gguf_tokenizer  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 WIDTH, HEADS, HEAD_DIM, FF, EPS = 32, 4, 8, 64, 1e-6
@@ -191,7 +191,7 @@ def llama_reference(t, layers, kv_heads, base):
 
 
 def logits_of(path):
-  model, variables = gguf_reader.load(path)
+  model, variables = pretrained.load(path)  # the public loader (a .gguf file: `gguf_reader.load`)
   return model, np.asarray(jax.jit(model.apply)(variables, jnp.asarray(TOKENS))[0])
 
 
@@ -387,7 +387,7 @@ def test_tokenizer_refusals():
 def test_tokenizer_from_file(tmp_path):
   write_gguf(tmp_path / 't.gguf', 'llama', common_metadata('llama', 1, 2, 1e4),
              {'token_embd.weight': np.zeros((VOCAB, WIDTH))})
-  assert gguf_reader.load_tokenizer(tmp_path / 't.gguf').encode('abc').ids == [2, SPM_PIECES.index(
+  assert pretrained.load_tokenizer(tmp_path / 't.gguf').encode('abc').ids == [2, SPM_PIECES.index(
       'abc')]
 
 
@@ -409,9 +409,8 @@ PASSAGE = ('The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mar
 def test_pretrained_reads_english(name):
   # Measured: mean NLL 2.04 (SmolLM2) / 1.99 (Gemma 3) nats on a longer version of PASSAGE;
   # next token after the prompt: ' Paris' first (SmolLM2) / third after ' the', ' a' (Gemma 3).
-  from ctr_jax.pretrained import pretrained  # pylint: disable=g-import-not-at-top
   try:
-    model, variables, tokenizer = pretrained(name)
+    model, variables, tokenizer = pretrained.pretrained(name)
   except ValueError as e:
     pytest.skip(str(e))
   apply = jax.jit(model.apply)
@@ -426,7 +425,6 @@ def test_pretrained_reads_english(name):
 
 
 def test_pretrained_names():
-  from ctr_jax import pretrained  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="'gpt5' is unknown; allowed: \\['gemma3_270m', "
                      "'smollm2_135m'\\]"):
     pretrained.pretrained('gpt5')

@@ -5,12 +5,14 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
-from ctr_jax import losses, models, train_step
+from ctr_jax import models
+from ctr_jax.tasks import losses
+from ctr_jax.training import train_step
 from helpers import max_abs_diff, random_model, random_tokens
 
 
 def _grads(model, params, batch, recipe, k):
-  return jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=k, recipe=recipe)[0])(
+  return jax.grad(lambda p: train_step.objective_loss(model, p, batch, losses.NextToken(), recipe, k_unroll=k)[0])(
       params)
 
 
@@ -19,10 +21,10 @@ def test_forward_is_unchanged_and_m_equal_k_is_full_backpropagation(seed):
   cfg, model, variables, _ = random_model(seed, depth=2)
   batch = random_tokens(seed + 10, cfg.vocab_size, batch=2, length=9)
   params, k = variables['params'], 4
-  full = losses.model_loss(model, params, batch, k_unroll=k)
+  full = train_step.objective_loss(model, params, batch, losses.NextToken(), k_unroll=k)
   for m in (1, 2, 3):
     recipe = train_step.Recipe(grad_iterations=m)
-    truncated = losses.model_loss(model, params, batch, k_unroll=k, recipe=recipe)
+    truncated = train_step.objective_loss(model, params, batch, losses.NextToken(), recipe, k_unroll=k)
     assert float(truncated[0]) == pytest.approx(float(full[0]), rel=1e-6, abs=1e-6)
     assert float(truncated[1]['convergence_loss']) == pytest.approx(
         float(full[1]['convergence_loss']), rel=1e-5, abs=1e-7)
@@ -85,8 +87,7 @@ def test_frozen_iterations_store_nothing_for_the_backward_pass():
 
   def temp_bytes(m):
     recipe = train_step.Recipe(grad_iterations=m)
-    grad = jax.jit(jax.grad(lambda p: losses.model_loss(model, p, batch, k_unroll=8,
-                                                        recipe=recipe)[0]))
+    grad = jax.jit(jax.grad(lambda p: train_step.objective_loss(model, p, batch, losses.NextToken(), recipe, k_unroll=8)[0]))
     return grad.lower(params).compile().memory_analysis().temp_size_in_bytes
 
   full, one = temp_bytes(0), temp_bytes(1)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from safetensors import numpy as safetensors_numpy
 
-from ctr_jax import hf, implicit
+from ctr_jax import implicit, pretrained
+from ctr_jax.pretrained import hf
 
 VOCAB, WIDTH, TOKENS = 23, 16, np.array([[3, 7, 1, 19, 4, 4, 11, 2, 9, 0]])
 
@@ -112,7 +113,7 @@ class Weights:
 
 
 def load_logits(directory):
-  model, variables = hf.load(directory)
+  model, variables = pretrained.load(directory)  # the public loader (a directory: `hf.load`)
   return model, variables, np.asarray(jax.jit(model.apply)(variables, jnp.asarray(TOKENS))[0])
 
 

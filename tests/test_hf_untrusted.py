@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from safetensors import numpy as safetensors_numpy
 
-from ctr_jax import hf, hf_checks
+from ctr_jax.pretrained import checks as hf_checks
+from ctr_jax.pretrained import hf
 
 V, C, P = 11, 8, 16
 

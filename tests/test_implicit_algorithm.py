@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ctr_jax import decode, implicit
+from ctr_jax import implicit
 from ctr_jax.implicit import patches
+from ctr_jax.inference import decode
 from helpers import family_lm
 
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ctr_jax.experiments import implicit_generation as generation
-from ctr_jax.experiments import implicit_generation_report as report
+from ctr_jax.projects.implicit_generation import experiment as generation
+from ctr_jax.projects.implicit_generation import report
 from helpers import family_lm
 
 

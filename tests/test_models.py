@@ -1,8 +1,6 @@
 """Model construction: sizes, parameter counts, conversion, ablations, config errors."""
 
-import os
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +8,12 @@ import numpy as np
 import optax
 import pytest
 
-from ctr_jax import convert, decode, diagnostics, losses, models, train_step
-from ctr_jax.models import layers
+from ctr_jax import models
+from ctr_jax.inference import decode, diagnostics
+from ctr_jax.models import convert, layers
+from ctr_jax.ops import kernels
+from ctr_jax.tasks import losses
+from ctr_jax.training import train_step
 from helpers import max_abs_diff, random_model, random_tokens
 
 PAPER_COUNTS = {  # reference section 1.4, V = 32,000
@@ -58,8 +60,8 @@ def test_public_config_example_has_defaults():
 @pytest.mark.parametrize('overrides, field', [
     (dict(width=66, num_heads=4), 'width'),
     (dict(k_unroll=0), 'k_unroll'),
-    (dict(k_min=2), 'config.train.k_min'),  # a training-recipe field, no longer the model's
-    (dict(train_mode='bptt'), 'config.train.mode'),
+    (dict(k_min=2), 'k_min'),  # a training-recipe field (config.train), not the model's
+    (dict(train_mode='bptt'), 'train_mode'),
     (dict(kind='rnn'), 'kind'),
     (dict(correction='multiply'), 'correction'),
     (dict(block='mamba'), 'block'),
@@ -106,7 +108,7 @@ def test_weight_layouts_are_the_same_model(kind, block, dtype):
 
 @pytest.mark.parametrize('layout', ['out_in', 'in_out'])
 def test_bf16_dense_product_matches_the_plain_dot_and_its_gradients(layout):
-  """`layers.bf16_product` (float32-result products, explicit backward) gives the plain bf16
+  """`kernels.bf16_product` (float32-result products, explicit backward) gives the plain bf16
   dot's value and autodiff's gradients, for token axes of any rank and both weight layouts, and
   every product of its value-and-gradient keeps bfloat16 operands on XLA:CPU."""
   rng = np.random.default_rng(len(layout))
@@ -125,7 +127,7 @@ def test_bf16_dense_product_matches_the_plain_dot_and_its_gradients(layout):
   def objective(fn):
     return lambda x, m: jnp.sum(fn(x, m).astype(jnp.float32) * cotangent)
 
-  ours = jax.jit(lambda x, m: layers.bf16_product(x, m, contract))
+  ours = jax.jit(lambda x, m: kernels.bf16_product(x, m, contract))
   y = ours(x, matrix)
   assert y.dtype == jnp.bfloat16 and y.shape == lead + (d_out,)
   scale = float(jnp.max(jnp.abs(plain(x, matrix))))
@@ -139,8 +141,7 @@ def test_bf16_dense_product_matches_the_plain_dot_and_its_gradients(layout):
   node = {'weight' if layout == 'out_in' else 'kernel': matrix.astype(jnp.float32)}
   assert jnp.array_equal(layers.linear(x, node, jnp.bfloat16), y)
   if jax.default_backend() == 'cpu':
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
-    import matmul_dtypes  # pylint: disable=g-import-not-at-top
+    from ctr_jax.projects.perf import matmul_dtypes
     step = jax.jit(jax.value_and_grad(objective(ours), argnums=(0, 1)))
     counts = matmul_dtypes.dot_types(step.lower(x, matrix).compile().as_text())
     # The forward product and the input gradient multiply bf16 operands (the AMX-able form);
@@ -151,7 +152,7 @@ def test_bf16_dense_product_matches_the_plain_dot_and_its_gradients(layout):
 
 @pytest.mark.parametrize('rows', [2, 7, 32])
 def test_few_rows_product_matches_the_plain_dot_and_keeps_the_weight_on_the_left(rows):
-  """`layers.few_rows_product` ((W x^T)^T, the small-batch decode form) gives x W^T and its
+  """`kernels.few_rows_product` ((W x^T)^T, the small-batch decode form) gives x W^T and its
   gradients for token axes of any rank, `layers.linear` takes it for 2-32 float32 rows of an
   [out, in] weight on a CPU, and the compiled dot keeps the weight as its left operand (the
   form XLA:CPU's YNNPACK product streams; a folded transpose would put x there again)."""
@@ -162,11 +163,11 @@ def test_few_rows_product_matches_the_plain_dot_and_keeps_the_weight_on_the_left
   weight = jnp.asarray(rng.standard_normal((d_out, d_in)) / np.sqrt(d_in), jnp.float32)
   cotangent = jnp.asarray(rng.standard_normal(lead + (d_out,)), jnp.float32)
   plain = lambda x, w: x @ w.T
-  y = jax.jit(layers.few_rows_product)(x, weight)
+  y = jax.jit(kernels.few_rows_product)(x, weight)
   assert y.shape == lead + (d_out,)
   np.testing.assert_allclose(y, plain(x, weight), rtol=1e-5, atol=1e-5)
   objective = lambda fn: lambda x, w: jnp.sum(fn(x, w) * cotangent)
-  grads = jax.jit(jax.grad(objective(layers.few_rows_product), argnums=(0, 1)))(x, weight)
+  grads = jax.jit(jax.grad(objective(kernels.few_rows_product), argnums=(0, 1)))(x, weight)
   for got, want in zip(grads, jax.grad(objective(plain), argnums=(0, 1))(x, weight)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   bias = jnp.asarray(rng.standard_normal(d_out), jnp.float32)
@@ -176,7 +177,7 @@ def test_few_rows_product_matches_the_plain_dot_and_keeps_the_weight_on_the_left
     hlo = jax.jit(lambda x: layers.linear(x, {'weight': weight}, jnp.float32)).lower(
         x).compile().as_text()
     assert re.search(rf'f32\[{d_out},{rows}\]\S* (fusion|dot)\(', hlo), hlo
-    wide = jnp.zeros((2 * layers.FEW_ROWS[1], d_in))  # many rows: the plain [rows, out] dot
+    wide = jnp.zeros((2 * kernels.FEW_ROWS[1], d_in))  # many rows: the plain [rows, out] dot
     hlo = jax.jit(lambda x: layers.linear(x, {'weight': weight}, jnp.float32)).lower(
         wide).compile().as_text()
     assert not re.search(rf'f32\[{d_out},{wide.shape[0]}\]', hlo)
@@ -252,7 +253,7 @@ def test_ablation_variants_train_and_keep_or_break_k_invariance(correction, cumu
   batch = random_tokens(14, cfg.vocab_size, batch=4, length=9)
   opt = optax.adam(1e-2)
   params = variables['params']
-  loss_fn = jax.jit(lambda p: losses.model_loss(model, p, batch, k_unroll=3)[0])
+  loss_fn = jax.jit(lambda p: train_step.objective_loss(model, p, batch, losses.NextToken(), k_unroll=3)[0])
   loss0, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
   updates, _ = opt.update(grads, opt.init(params), params)

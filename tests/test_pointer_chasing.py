@@ -4,9 +4,9 @@ import grain
 import numpy as np
 import pytest
 
-from ctr_jax.tasks import pointer_chasing as pointer_task
 from ctr_jax.data import curricula
 from ctr_jax.data import pointer_chasing as pc
+from ctr_jax.tasks import pointer_chasing as pointer_task
 
 
 def read_example(tokens, hops, entry_targets=False, equals_targets=False, num_keys=8):

@@ -3,14 +3,11 @@ scored by the task's own evaluation on fresh examples (docs/pointer_chasing.md,
 "Representability"). The constructions are in tests/pointer_constructions.py.
 """
 
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pointer_constructions as constructions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pointer_constructions as constructions  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 EXAMPLES = 64  # one batch: every level still has 8 x 64 scored keys (the final query 64)
 
@@ -76,11 +73,9 @@ def test_one_layer_context_ready_model_solves_every_level_through_its_correction
 
 
 def test_layer_readouts_find_each_answer_where_the_construction_writes_it():
-  """scripts/pointer_chasing_layers.py on the hand-set 3-layer transformer (`tables`, 3 hops):
+  """ctr_jax.projects.pointer_chasing.layers on the hand-set 3-layer transformer (`tables`, 3 hops):
   a level-k table key's answer is linearly readable from block k + 1 on, and not before."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  'scripts'))
-  import pointer_chasing_layers as layers_script  # pylint: disable=g-import-not-at-top
+  from ctr_jax.projects.pointer_chasing import layers as layers_script  # pylint: disable=g-import-not-at-top
   model, params = constructions.transformer(3, 3, 'tables')
   rows = layers_script.layer_readouts(model, params, 3, 'tables', examples=64, fit_examples=192)
   probe = {(r['level'], r['slot']): r['probe'] for r in rows}

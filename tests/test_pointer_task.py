@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from ctr_jax import checkpointing, train
+from ctr_jax import trainer
+from ctr_jax.training import checkpointing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from configs import pointer_chasing as pc_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -30,7 +30,7 @@ def small(arg, **overrides):
 
 @pytest.mark.parametrize('model', ['d1_bptt', 'd1_k3', 't2'])
 def test_pointer_chasing_runs_report_levels(model, tmp_path):
-  summary = train.train_and_evaluate(small(f'hops=2,model={model},steps=4'), str(tmp_path))
+  summary = trainer.train_and_evaluate(small(f'hops=2,model={model},steps=4'), str(tmp_path))
   with open(tmp_path / 'summary.json') as f:
     written = json.load(f)
   assert set(written['level_accuracy']) == {'L0', 'L1'}
@@ -41,12 +41,12 @@ def test_pointer_chasing_runs_report_levels(model, tmp_path):
 
 def test_pointer_chasing_resume_is_exact(tmp_path):
   full = tmp_path / 'full'
-  train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), str(full))
+  trainer.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), str(full))
   split = tmp_path / 'split'
-  train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1, exit_at_step=2),
+  trainer.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1, exit_at_step=2),
                            str(split))
   first_part = checkpointing.read_meta(str(split))['train_seconds']
-  summary = train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1),
+  summary = trainer.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1),
                                      str(split))
 
   def losses(path):
@@ -56,7 +56,7 @@ def test_pointer_chasing_resume_is_exact(tmp_path):
   # The wall time covers both runs; a rerun at the last step still reports the last loss.
   assert summary['wall_time_seconds'] > first_part > 0
   trained = checkpointing.read_meta(str(split))['train_seconds']  # up to the step-4 checkpoint
-  again = train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), str(split))
+  again = trainer.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), str(split))
   assert again['train_loss'] == losses(split)[-1] and again['step'] == 4
   assert again['wall_time_seconds'] > trained > first_part
 
@@ -64,8 +64,8 @@ def test_pointer_chasing_resume_is_exact(tmp_path):
 @pytest.mark.parametrize('helper,kind,count', [('entry_targets', 'ENTRY_TARGET', 16),
                                                 ('equals_targets', 'EQUALS_TARGET', 24)])
 def test_helper_targets_shape_training_batches_only(helper, kind, count):
-  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
   from ctr_jax.data import pointer_chasing  # pylint: disable=g-import-not-at-top
+  from ctr_jax.tasks import pointer_chasing as pointer_task  # pylint: disable=g-import-not-at-top
   config = small(f'hops=3,model=t1,{helper}=1')
   assert config.data[helper] is True
   task = pointer_task.PointerChasing(config, process_index=0, process_count=1)
@@ -80,8 +80,7 @@ def test_helper_targets_shape_training_batches_only(helper, kind, count):
 
 
 def test_sweep_report_keeps_notes_and_separates_helper_runs(tmp_path):
-  sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-  import pointer_chasing_sweep as sweep  # pylint: disable=g-import-not-at-top
+  from ctr_jax.projects.pointer_chasing import sweep  # pylint: disable=g-import-not-at-top
 
   def record(model, entry, l1, equals=False):
     return {'model': model, 'hops': 2, 'entry_targets': entry, 'equals_targets': equals,
@@ -212,18 +211,18 @@ def test_training_switches_reach_the_model_and_the_task():
 
 @pytest.mark.slow
 def test_checks_script_trains_reports_profiles_and_keeps_the_doc(tmp_path):
-  """scripts/pointer_chasing_checks.py on tiny settings: one check trained through the ledger,
+  """ctr_jax.projects.pointer_chasing.checks on tiny settings: one check trained through the ledger,
   its row, its plateau profile and its command in the json, the doc's other text kept."""
   import subprocess  # pylint: disable=g-import-not-at-top
   docs = tmp_path / 'docs'
   docs.mkdir()
-  (docs / 'pointer_chasing.md').write_text('# Pointer chasing\n\nHand-written.\n')
+  (docs / 'pointer_chasing_checks.md').write_text('# Pointer chasing\n\nHand-written.\n')
   tiny = ('--config.batch_size=4 --config.model.width=32 --config.eval_batches=1 '
           '--config.pointer_eval_examples=16 --config.log_every=2 --config.checkpoint_every=2')
   env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
          'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT}
   for _ in range(2):  # the second call trains nothing and writes the same section
-    out = subprocess.run([sys.executable, 'scripts/pointer_chasing_checks.py', '--steps=4',
+    out = subprocess.run([sys.executable, '-m', 'ctr_jax.projects.pointer_chasing.checks', '--steps=4',
                           '--only=no_rope', f'--root={tmp_path}/runs', f'--docs={docs}',
                           f'--extra={tiny}'], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
@@ -236,18 +235,18 @@ def test_checks_script_trains_reports_profiles_and_keeps_the_doc(tmp_path):
       f'--workdir={tmp_path}/runs/h2_no_rope {tiny}')
   assert len(row['invocations']) == 1
   assert '| table keys | L1 |' in row['profile'] and '| final query |' in row['profile']
-  text = (docs / 'pointer_chasing.md').read_text()
+  text = (docs / 'pointer_chasing_checks.md').read_text()
   assert text.startswith('# Pointer chasing\n\nHand-written.\n')
   assert text.count('## One difference at a time') == 1 and 'Not run yet: baseline' in text
 
 
 def test_torch_cross_check_script_trains_and_records_its_command(tmp_path):
-  """scripts/pointer_chasing_torch_check.py (the independent PyTorch trainer) on tiny settings;
+  """ctr_jax.projects.pointer_chasing.torch_check (the independent PyTorch trainer) on tiny settings;
   skipped where torch (the `bench` extra) is not installed."""
   pytest.importorskip('torch')
   import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location('torch_check',
-                                                'scripts/pointer_chasing_torch_check.py')
+                                                'ctr_jax.projects.pointer_chasing.torch_check')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   out = tmp_path / 'check.json'
@@ -269,7 +268,7 @@ def test_stop_accuracy_ends_training_at_the_first_solved_evaluation(tmp_path, mo
   assert not task_lib.solved_everything({**evaluation, 'final_query_accuracy': 0.5}, 0.99)
   assert not task_lib.solved_everything(evaluation, 0.0)  # 0: never stop
   with pytest.raises(ValueError, match='config.data.stop_accuracy'):
-    train.train_and_evaluate(small('hops=1,model=t1,stop_accuracy=1.5'), str(tmp_path / 'bad'))
+    trainer.train_and_evaluate(small('hops=1,model=t1,stop_accuracy=1.5'), str(tmp_path / 'bad'))
   assert not (tmp_path / 'bad').exists()
 
   seen = []
@@ -278,7 +277,7 @@ def test_stop_accuracy_ends_training_at_the_first_solved_evaluation(tmp_path, mo
     seen.append((self.stop_accuracy, ev['eval_examples']))
     return len(seen) == 2
   monkeypatch.setattr(task_lib.PointerChasing, 'stop_early', stop_at_step_4)
-  summary = train.train_and_evaluate(
+  summary = trainer.train_and_evaluate(
       small('hops=1,model=t1,steps=10,stop_accuracy=0.99', total_steps=10), str(tmp_path / 'run'))
   written = json.loads((tmp_path / 'run' / 'summary.json').read_text())
   assert seen == [(0.99, 8), (0.99, 8)]  # periodic evaluations at steps 2 and 4
@@ -290,12 +289,12 @@ def test_stop_accuracy_ends_training_at_the_first_solved_evaluation(tmp_path, mo
 def test_continue_from_copies_a_finished_run_and_extends_it_exactly(tmp_path):
   """--continue_from: a copy of a finished 2-step run, resumed to 4 steps, trains the same losses
   as one 4-step run (constant learning rate), and the copy is a line of its ledger."""
-  sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-  import pointer_chasing_sweep as sweep  # pylint: disable=g-import-not-at-top
   from absl import app  # pylint: disable=g-import-not-at-top
+
+  from ctr_jax.projects.pointer_chasing import sweep  # pylint: disable=g-import-not-at-top
   short_root, long_root = str(tmp_path / 'short'), str(tmp_path / 'long')
   source = sweep.workdir_for('d1_bptt', 1, short_root)
-  train.train_and_evaluate(small('hops=1,model=d1_bptt', log_every=1, total_steps=2), source)
+  trainer.train_and_evaluate(small('hops=1,model=d1_bptt', log_every=1, total_steps=2), source)
   with open(os.path.join(source, 'invocations.jsonl'), 'w') as f:
     f.write(json.dumps({'command': 'first launch', 'resumed_from_step': None}) + '\n')
   open(os.path.join(source, '.ctr_jax.lock'), 'w').close()
@@ -306,9 +305,9 @@ def test_continue_from_copies_a_finished_run_and_extends_it_exactly(tmp_path):
   first, copied = [json.loads(l) for l in open(os.path.join(target, 'invocations.jsonl'))]
   assert first['command'] == 'first launch' and copied['copied_at_step'] == 2
   assert copied['command'].startswith('cp -r ') and copied['command'].endswith(target)
-  train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), target)
+  trainer.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), target)
   straight = str(tmp_path / 'straight')
-  train.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), straight)
+  trainer.train_and_evaluate(small('hops=1,model=d1_bptt,steps=4', log_every=1), straight)
 
   def losses(path):
     with open(os.path.join(path, 'metrics.jsonl')) as f:

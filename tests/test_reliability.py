@@ -10,8 +10,9 @@ import subprocess
 
 import pytest
 
-from ctr_jax import checkpointing, config_lib, metrics, train
-from ctr_jax import workdir as workdir_lib
+from ctr_jax import config_lib, trainer
+from ctr_jax.training import checkpointing, metrics
+from ctr_jax.training import workdir as workdir_lib
 from helpers import run_main, snapshot, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def trained(data_dir, tmp_path_factory):
   """A finished 4-step run with checkpoints 2 and 4 (tests copy it before changing it)."""
   path = str(tmp_path_factory.mktemp('trained') / 'run')
-  train.train_and_evaluate(tiny_train_config(data_dir), path)
+  trainer.train_and_evaluate(tiny_train_config(data_dir), path)
   assert sorted(os.listdir(os.path.join(path, 'checkpoints'))) == ['2', '4']
   return path
 
@@ -97,7 +98,7 @@ def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(
   with open(os.path.join(workdir, workdir_lib.LOCK_NAME), 'w') as f:
     json.dump({'host': socket.gethostname(), 'pid': dead.pid, 'time': 'earlier'}, f)
   capfd.readouterr()
-  summary = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
+  summary = trainer.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
   assert summary['step'] == 6
   assert f'took over the stale lock of host {socket.gethostname()} pid {dead.pid}' in (
       capfd.readouterr().err)
@@ -113,22 +114,22 @@ def test_a_non_finite_state_is_never_saved_and_the_first_bad_step_is_named(data_
   # With this lr the state after step 3 is finite and a later step (4 or 5, depending on the
   # last bits of the arithmetic) is the first whose loss is NaN, before the checkpoint at 10.
   good = str(tmp_path / 'good')
-  train.train_and_evaluate(tiny_train_config(data_dir, **{**nan, 'total_steps': 3,
+  trainer.train_and_evaluate(tiny_train_config(data_dir, **{**nan, 'total_steps': 3,
                                                           'checkpoint_every': 3}), good)
   with pytest.raises(checkpointing.CheckpointError,
                      match=r'NaN or Inf at step [4-9]; .*last good checkpoint is step 3 in '):
-    train.train_and_evaluate(tiny_train_config(data_dir, **nan), good)
+    trainer.train_and_evaluate(tiny_train_config(data_dir, **nan), good)
   assert checkpointing.steps(good) == [3]  # no NaN checkpoint at step 10 or 20
   # A fresh workdir (and its new parents) is removed; in an existing one only the new entries.
   fresh = tmp_path / 'new' / 'parent' / 'run'
   with pytest.raises(checkpointing.CheckpointError, match='at step [1-9]; .*no checkpoint'):
-    train.train_and_evaluate(tiny_train_config(data_dir, **nan), str(fresh))
+    trainer.train_and_evaluate(tiny_train_config(data_dir, **nan), str(fresh))
   assert not (tmp_path / 'new').exists()
   existing = tmp_path / 'existing'
   existing.mkdir()
   (existing / 'notes.txt').write_text('mine')
   with pytest.raises(checkpointing.CheckpointError):
-    train.train_and_evaluate(tiny_train_config(data_dir, **nan), str(existing))
+    trainer.train_and_evaluate(tiny_train_config(data_dir, **nan), str(existing))
   assert sorted(os.listdir(existing)) == ['notes.txt']
 
 
@@ -142,12 +143,12 @@ def test_config_json_is_kept_by_evaluate_jobs_and_versioned_by_a_changed_resume(
   workdir = _copy(trained, tmp_path)
   with open(os.path.join(workdir, 'config.json')) as f:
     original = json.load(f)
-  train.train_and_evaluate(tiny_train_config(data_dir, job='evaluate'), workdir)
+  trainer.train_and_evaluate(tiny_train_config(data_dir, job='evaluate'), workdir)
   with open(os.path.join(workdir, 'config.json')) as f:
     assert json.load(f) == original
   with open(os.path.join(workdir, 'evaluate_config.json')) as f:
     assert json.load(f)['job'] == 'evaluate'
-  train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
+  trainer.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
   with open(os.path.join(workdir, 'config.step4.json')) as f:
     assert json.load(f) == original
   with open(os.path.join(workdir, 'config.json')) as f:
@@ -163,13 +164,13 @@ def test_missing_metadata_does_not_skip_the_model_check_and_falls_back(
     data_dir, trained, tmp_path, capfd):
   workdir = _copy(trained, tmp_path)
   os.remove(os.path.join(workdir, 'checkpoints', '4', 'meta', 'metadata'))
-  with pytest.raises(train.UserError, match='different model config'):
-    train.train_and_evaluate(tiny_train_config(data_dir, **{'model.width': 64}), workdir)
+  with pytest.raises(trainer.UserError, match='different model config'):
+    trainer.train_and_evaluate(tiny_train_config(data_dir, **{'model.width': 64}), workdir)
   with pytest.raises(checkpointing.CheckpointError,
                      match='checkpoint step 4 in .* is damaged: meta/metadata is missing'):
-    train.train_and_evaluate(tiny_train_config(data_dir, strict_resume=True), workdir)
+    trainer.train_and_evaluate(tiny_train_config(data_dir, strict_resume=True), workdir)
   capfd.readouterr()
-  summary = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
+  summary = trainer.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), workdir)
   assert summary['step'] == 6
   assert 'warning: checkpoint step 4' in capfd.readouterr().err
   assert checkpointing.steps(workdir) == [2, 4, 6]
@@ -197,7 +198,7 @@ def test_a_truncated_checkpoint_is_reported_and_the_run_falls_back(
   _one_line_error(strict, 3, f'checkpoint step 4 in {workdir}/checkpoints is damaged')
   assert snapshot(workdir) == before
   capfd.readouterr()
-  summary = train.train_and_evaluate(tiny_train_config(data_dir), workdir)
+  summary = trainer.train_and_evaluate(tiny_train_config(data_dir), workdir)
   assert summary['step'] == 4
   err = capfd.readouterr().err
   assert 'warning: checkpoint step 4' in err and 'resuming from step 2' in err
@@ -226,7 +227,7 @@ def test_disk_full_while_saving_is_one_line_and_leaves_no_temporary(
   workdir = str(tmp_path / 'run')
   capfd.readouterr()
   with pytest.raises(checkpointing.CheckpointError) as failure:
-    train.train_and_evaluate(tiny_train_config(data_dir), workdir)
+    trainer.train_and_evaluate(tiny_train_config(data_dir), workdir)
   message = str(failure.value)
   assert f'no space left on the device of {workdir} ' in message and 'MiB free' in message
   assert '\n' not in message and 'Traceback' not in capfd.readouterr().err
@@ -287,7 +288,7 @@ def test_workdir_files_on_a_cloud_path(fake_gcs):
 
 def test_a_file_url_workdir_trains_like_a_local_path(data_dir, tmp_path):
   workdir = tmp_path / 'run'
-  summary = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=2),
+  summary = trainer.train_and_evaluate(tiny_train_config(data_dir, total_steps=2),
                                      f'file://{workdir}')
   assert summary['step'] == 2
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'checkpoints'):

@@ -1,20 +1,17 @@
-"""scripts/reproduce.py end to end at the tiny scale (seconds per run), and its statistics."""
+"""ctr_jax.projects.reproduce end to end at the tiny scale (seconds per run), and its statistics."""
 
 import json
 import math
 import os
-import sys
 import time
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 
-import repro_lib  # noqa: E402
-import repro_registry  # noqa: E402
-import repro_studies  # noqa: E402
-
+from ctr_jax.projects.reproduce import lib as repro_lib
+from ctr_jax.projects.reproduce import registry as repro_registry
+from ctr_jax.projects.reproduce import studies as repro_studies
 
 
 def _record(group, seed, ppl):

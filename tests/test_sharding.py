@@ -9,13 +9,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import ml_collections
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
 
-from ctr_jax import models, sharding
-from ctr_jax.models import config as model_config_lib
+from ctr_jax import models
+from ctr_jax.training import compat, sharding, train_step
 
 FAMILIES = ('gpt', 'gemma', 'llama', 'falcon', 'moe')
 # Sizes every rule's mesh axes divide: fsdp = 2 divides C, Dh; tensor = 4 divides H*Dh, G*Dh,
@@ -87,7 +87,7 @@ def test_optimizer_state_follows_its_parameter_and_sizes_that_do_not_divide_stay
 
   def init_state(rng):
     params = model.init(rng, TOKENS)['params']
-    return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params)}
+    return train_step.init_state(params, tx)
   state = jax.eval_shape(init_state, jax.random.key(0))
   shardings = sharding.tree_shardings(state, mesh(), sharding.DEFAULT_RULES,
                                       sharding.param_axes(model, TOKENS))
@@ -114,7 +114,7 @@ def test_spec_and_config_agree_on_the_layout_and_saved_configs_keep_the_old_one(
   # A saved config from before the field existed describes [in, out] kernels.
   saved = models.model_config(vocab_size=32, width=16, num_heads=4).to_dict()
   del saved['kernel_layout']
-  assert models.LEGACY_DEFAULTS['kernel_layout'] == 'in_out'
-  assert models.saved_model_config(saved).kernel_layout == 'in_out'
-  assert model_config_lib.saved_model_config({**saved, 'kernel_layout': 'out_in'}).kernel_layout \
+  assert compat.LEGACY_DEFAULTS['kernel_layout'] == 'in_out'
+  assert compat.saved_model_config(saved).kernel_layout == 'in_out'
+  assert compat.saved_model_config({**saved, 'kernel_layout': 'out_in'}).kernel_layout \
       == 'out_in'

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from ctr_jax import models, train, train_step
+from ctr_jax import models, tasks, trainer
+from ctr_jax.training import checkpointing, train_step
 from helpers import run_main, snapshot, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +27,7 @@ def train_losses(workdir):
 def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
   full = {'train.k_min': 2, 'eval_sequential': True, 'sample.num_tokens': 4}
-  summary = train.train_and_evaluate(tiny_train_config(data_dir, **full), workdir)
+  summary = trainer.train_and_evaluate(tiny_train_config(data_dir, **full), workdir)
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'tensorboard'):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
@@ -42,13 +43,20 @@ def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
   # Parallel K=3 on 16-token windows is not exact, but close to the exact scan.
   assert abs(written['val_ppl'] - written['val_ppl_sequential']) / written['val_ppl'] < 0.05
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
-  evaluated = train.train_and_evaluate(tiny_train_config(data_dir, job='evaluate', **full),
+  # The parameters alone, as every reader of trained weights gets them, score the same.
+  config = tiny_train_config(data_dir, **full)
+  model_cfg, params = checkpointing.load_params(workdir)
+  assert model_cfg.to_dict() == config.model.to_dict()
+  again = tasks.make(config, 0, 1).evaluate(models.build(model_cfg), params, to_global=None,
+                                            final=True)
+  assert again['val_loss'] == pytest.approx(written['val_loss'], rel=1e-6)
+  evaluated = trainer.train_and_evaluate(tiny_train_config(data_dir, job='evaluate', **full),
                                        workdir)
   assert evaluated['val_loss'] == pytest.approx(written['val_loss'], rel=1e-6)
   assert os.path.exists(os.path.join(workdir, 'evaluate.json'))
   with open(os.path.join(workdir, 'summary.json')) as f:
     assert json.load(f) == written  # the training summary is left alone
-  generated = train.train_and_evaluate(tiny_train_config(data_dir, job='generate', **full),
+  generated = trainer.train_and_evaluate(tiny_train_config(data_dir, job='generate', **full),
                                        workdir)
   assert isinstance(generated['sample'], str) and generated['sample']
   assert os.path.exists(os.path.join(workdir, 'generate.json'))
@@ -69,16 +77,16 @@ def test_interrupted_and_resumed_run_reproduces_losses(data_dir, tmp_path):
   """Stopped at a non-log step, then killed after logging a step it never checkpointed."""
   options = dict(total_steps=6, log_every=4, eval_every=2, checkpoint_every=3)
   full = str(tmp_path / 'full')
-  train.train_and_evaluate(tiny_train_config(data_dir, **options), full)
+  trainer.train_and_evaluate(tiny_train_config(data_dir, **options), full)
   split = str(tmp_path / 'split')
-  first = train.train_and_evaluate(tiny_train_config(data_dir, **options, exit_at_step=3), split)
+  first = trainer.train_and_evaluate(tiny_train_config(data_dir, **options, exit_at_step=3), split)
   assert first.get('interrupted') and first['step'] == 3
   # A SIGKILL after step 4 was logged but before its checkpoint: the row exists, the state not.
   with open(os.path.join(full, 'metrics.jsonl')) as f:
     step_4 = [line for line in f if json.loads(line)['step'] == 4]
   with open(os.path.join(split, 'metrics.jsonl'), 'a') as f:
     f.writelines(step_4)
-  train.train_and_evaluate(tiny_train_config(data_dir, **options), split)
+  trainer.train_and_evaluate(tiny_train_config(data_dir, **options), split)
   assert train_losses(split) == train_losses(full)  # bit-for-bit on CPU
   # Every row and field (the step-4 mean covers steps 1-4 across the stop), in the same order.
   assert metric_lines(split) == metric_lines(full)
@@ -93,10 +101,10 @@ def test_checkpoint_from_before_a_new_model_field_resumes_only_with_its_old_defa
   meta_dir = tmp_path / 'checkpoints' / '4' / 'meta'
   meta_dir.mkdir(parents=True)
   (meta_dir / 'metadata').write_text(json.dumps({'config': {'model': saved}, 'step': 4}))
-  with pytest.raises(train.UserError, match='kernel_layout'):
-    train.prepare_workdir(cfg, str(tmp_path))
+  with pytest.raises(trainer.UserError, match='kernel_layout'):
+    trainer.prepare_workdir(cfg, str(tmp_path))
   cfg.model.kernel_layout = 'in_out'
-  assert train.prepare_workdir(cfg, str(tmp_path)) == str(tmp_path)
+  assert trainer.prepare_workdir(cfg, str(tmp_path)) == str(tmp_path)
 
 
 def test_checkpoint_with_the_recipe_in_its_model_config_resumes_with_a_note(
@@ -109,18 +117,20 @@ def test_checkpoint_with_the_recipe_in_its_model_config_resumes_with_a_note(
   meta_dir = tmp_path / 'checkpoints' / '4' / 'meta'
   meta_dir.mkdir(parents=True)
   (meta_dir / 'metadata').write_text(json.dumps({'config': {'model': saved}, 'step': 4}))
-  assert train.prepare_workdir(cfg, str(tmp_path)) == str(tmp_path)
+  assert trainer.prepare_workdir(cfg, str(tmp_path)) == str(tmp_path)
   assert 'train.k_min: 2 -> 0' in capsys.readouterr().out
   cfg.train.k_min = 2
-  train.prepare_workdir(cfg, str(tmp_path))
+  trainer.prepare_workdir(cfg, str(tmp_path))
   assert 'note' not in capsys.readouterr().out
 
 
 def test_bptt_recipe_trains_a_language_model_through_bptt(data_dir, tmp_path):
   """--config.train.mode=bptt: the logged loss of step 1 is the BPTT loss, not the unroll's."""
-  from ctr_jax import bptt, losses, models, tasks  # pylint: disable=g-import-not-at-top
+  from ctr_jax import models, tasks  # pylint: disable=g-import-not-at-top
+  from ctr_jax.inference import bptt  # pylint: disable=g-import-not-at-top
+  from ctr_jax.tasks import losses  # pylint: disable=g-import-not-at-top
   cfg = tiny_train_config(data_dir, total_steps=1, **{'train.mode': 'bptt', 'train.k_min': 2})
-  train.train_and_evaluate(cfg, str(tmp_path))
+  trainer.train_and_evaluate(cfg, str(tmp_path))
   logged = train_losses(str(tmp_path))[1]
   model = models.build(cfg.model)
   params = model.init(jax.random.key(cfg.seed), np.zeros((1, 16), np.int32))['params']
@@ -128,7 +138,7 @@ def test_bptt_recipe_trains_a_language_model_through_bptt(data_dir, tmp_path):
   logits = bptt.bptt_logits(model, params, batch[:, :-1])
   expected = float(losses.next_token_loss(logits, batch[:, 1:])[0])
   # The K = 1 unroll (a different function) is far off; the logged loss is BPTT's to rounding.
-  unroll = float(losses.model_loss(model, params, batch, k_unroll=1)[1]['ce_loss'])
+  unroll = float(train_step.objective_loss(model, params, batch, losses.NextToken(), k_unroll=1)[1]['ce_loss'])
   assert abs(logged - expected) <= 1e-6 * expected < 1e-2 * abs(unroll - expected)
   with open(os.path.join(str(tmp_path), 'metrics.jsonl')) as f:
     row = json.loads(f.readline())
@@ -139,15 +149,15 @@ def test_bptt_recipe_trains_a_language_model_through_bptt(data_dir, tmp_path):
 def test_one_and_eight_devices_give_the_same_losses(data_dir, tmp_path):
   assert len(jax.devices()) == 8
   one = str(tmp_path / 'one')
-  train.train_and_evaluate(tiny_train_config(data_dir), one, devices=jax.devices()[:1])
+  trainer.train_and_evaluate(tiny_train_config(data_dir), one, devices=jax.devices()[:1])
   eight = str(tmp_path / 'eight')
   cfg = tiny_train_config(data_dir, **{'mesh.data': 2, 'mesh.fsdp': 2, 'mesh.tensor': 2})
-  train.train_and_evaluate(cfg, eight)
+  trainer.train_and_evaluate(cfg, eight)
   a, b = train_losses(one), train_losses(eight)
   assert a.keys() == b.keys()
   np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
   # A checkpoint written on 8 devices resumes on 1.
-  resumed = train.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), eight,
+  resumed = trainer.train_and_evaluate(tiny_train_config(data_dir, total_steps=6), eight,
                                      devices=jax.devices()[:1])
   assert resumed['step'] == 6
 
@@ -158,7 +168,7 @@ def test_random_depth_draws_are_reproducible():
   assert set(draws) == {2, 3}
   assert draws == [train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(200)]
   # The draws of runs made before the recipe moved to config.train (resumes reproduce them).
-  assert draws[:12] == [3, 2, 3, 3, 2, 2, 2, 3, 3, 2, 3, 3]  # train.k_for_step at ee5ded6
+  assert draws[:12] == [3, 2, 3, 3, 2, 2, 2, 3, 3, 2, 3, 3]  # trainer.k_for_step at ee5ded6
   cfg.train.mode = 'bptt'  # BPTT has no K: one compiled step
   assert {train_step.k_for_step(cfg.train, cfg.model, 0, s) for s in range(20)} == {3}
 
@@ -233,17 +243,17 @@ def test_sigterm_saves_and_exits_cleanly(data_dir, tmp_path):
 
 
 TWO_PROCESS_DRIVER = r'''
-import json, sys
-sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+import json
 import jax
 jax.config.update('jax_cpu_collectives_implementation', 'gloo')
 jax.distributed.initialize(coordinator_address='127.0.0.1:{port}', num_processes=2,
                            process_id={pid})
-from ctr_jax import train, train_step
+from ctr_jax import trainer
+from ctr_jax.training import train_step
 from helpers import tiny_train_config
 cfg = tiny_train_config({data_dir!r}, total_steps=3, eval_every=100, checkpoint_every=3)
 cfg.sample.num_tokens = 0
-summary = train.train_and_evaluate(cfg, {workdir!r})
+summary = trainer.train_and_evaluate(cfg, {workdir!r})
 print('RESULT', json.dumps({{'train_loss': summary['train_loss'], 'val_loss': summary['val_loss'],
                             'processes': jax.process_count(), 'devices': jax.device_count()}}))
 '''
@@ -256,10 +266,12 @@ def test_two_processes_train_together_and_agree(data_dir, tmp_path):
   workdir = str(tmp_path / 'shared')
   procs = []
   for pid in range(2):
-    code = TWO_PROCESS_DRIVER.format(root=ROOT, tests=os.path.join(ROOT, 'tests'), port=port,
+    code = TWO_PROCESS_DRIVER.format(port=port,
                                      pid=pid, data_dir=data_dir, workdir=workdir)
+    # The driver imports the tests' helpers: the tests directory is on its import path.
     env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
-           'JAX_PLATFORMS': 'cpu'}
+           'JAX_PLATFORMS': 'cpu',
+           'PYTHONPATH': os.pathsep.join([ROOT, os.path.join(ROOT, 'tests')])}
     procs.append(subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True))
   results = []
@@ -271,7 +283,7 @@ def test_two_processes_train_together_and_agree(data_dir, tmp_path):
   assert results[0] == results[1]
   assert results[0]['processes'] == 2 and results[0]['devices'] == 2
   # The same global batches on one process with two devices give the same losses.
-  single = train.train_and_evaluate(
+  single = trainer.train_and_evaluate(
       tiny_train_config(data_dir, total_steps=3, eval_every=100, checkpoint_every=3),
       str(tmp_path / 'single'), devices=jax.devices()[:2])
   assert results[0]['train_loss'] == pytest.approx(single['train_loss'], rel=1e-5)
@@ -286,17 +298,17 @@ def test_init_from_converts_or_continues_a_transformer_exactly(data_dir, tmp_pat
   shape = dict(width=32, depth=1, num_heads=2, vocab_size=320, max_len=64)
   t_cfg = tiny_train_config(data_dir, total_steps=2)
   t_cfg.model = models.model_config(kind='transformer', **shape)
-  trained = train.train_and_evaluate(t_cfg, source)
+  trained = trainer.train_and_evaluate(t_cfg, source)
   for kind, depth in (('context_ready', 1), ('transformer', 1), ('transformer', 3)):
     cfg = tiny_train_config(data_dir, total_steps=1, init_from=source, eval_sequential=True,
                             **{'optim.lr': 1e-30, 'optim.warmup_steps': 0})
     cfg.model = models.model_config(kind=kind, k_unroll=3, **{**shape, 'depth': depth})
-    summary = train.train_and_evaluate(cfg, str(tmp_path / f'{kind}{depth}'))
+    summary = trainer.train_and_evaluate(cfg, str(tmp_path / f'{kind}{depth}'))
     # depth 3: grown by two pass-through blocks (convert.grow_transformer)
     assert summary['val_loss'] == pytest.approx(trained['val_loss'], rel=1e-6), (kind, depth)
     if kind == 'context_ready':
       assert summary['val_loss_sequential'] == pytest.approx(trained['val_loss'], rel=1e-6)
   other = tiny_train_config(data_dir, total_steps=1, init_from=source)
   other.model = models.model_config(kind='transformer', **{**shape, 'width': 64})
-  with pytest.raises(train.UserError, match='init_from'):
-    train.train_and_evaluate(other, str(tmp_path / 'other'))
+  with pytest.raises(trainer.UserError, match='init_from'):
+    trainer.train_and_evaluate(other, str(tmp_path / 'other'))

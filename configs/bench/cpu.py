@@ -8,15 +8,14 @@ first: pip install -e ".[bench]". Subsets: --config.sections=train,decode. `:run
 by every config) runs tiny.py's toy sizes instead, printed only.
 """
 
-from configs.bench import base
-from configs.bench import tiny
 from ctr_jax import config_lib
+from ctr_jax.bench import configs as bench_configs
 
 
 def get_config(arg=None):
   if config_lib.parse_arg(arg, runlocal=False).runlocal:  # a CPU smoke run: tiny.py's sizes
-    return tiny.get_config()
-  c = base.get_base('cpu', 'python -m ctr_jax.bench --config=configs/bench/cpu.py')
+    return bench_configs.tiny()
+  c = bench_configs.get_base('cpu', 'python -m ctr_jax.bench --config=configs/bench/cpu.py')
   c.output = 'docs/benchmarks.md'
   c.repeats = 3
   rows = []
@@ -33,6 +32,6 @@ def get_config(arg=None):
     rows.append({'label': 'd2_c256', 'k': k, 'm': m, 'seq_len': 256, 'batch': 8,
                  'model': {'kind': 'context_ready', 'depth': 2, 'k_unroll': k, **common}})
   rows.append({'label': 't6_c512 (peer shape)', 'k': 0, 'seq_len': 256, 'batch': 8,
-               'model': base.peer_shape()})
+               'model': bench_configs.peer_shape()})
   c.train = rows
   return c

@@ -11,17 +11,16 @@ goals are judged in float32 (configs/bench/cpu.py); this is the same comparison 
 precision both stacks offer. `:runlocal` runs tiny.py's toy sizes instead, printed only.
 """
 
-from configs.bench import base
-from configs.bench import tiny
 from ctr_jax import config_lib
+from ctr_jax.bench import configs as bench_configs
 
 
 def get_config(arg=None):
   if config_lib.parse_arg(arg, runlocal=False).runlocal:
-    c = tiny.get_config()
+    c = bench_configs.tiny()
     c.dtype = 'bfloat16'
     return c
-  c = base.get_base('cpu_bf16', 'python -m ctr_jax.bench --config=configs/bench/cpu_bf16.py')
+  c = bench_configs.get_base('cpu_bf16', 'python -m ctr_jax.bench --config=configs/bench/cpu_bf16.py')
   c.output = 'docs/benchmarks.md'
   c.dtype = 'bfloat16'
   c.repeats = 3
@@ -31,6 +30,6 @@ def get_config(arg=None):
       {'label': 'd2_c512', 'k': 2, 'seq_len': 256, 'batch': 8,
        'model': {'kind': 'context_ready', 'depth': 2, 'k_unroll': 2, **common}},
       {'label': 't6_c512 (peer shape)', 'k': 0, 'seq_len': 256, 'batch': 8,
-       'model': base.peer_shape()},
+       'model': bench_configs.peer_shape()},
   ]
   return c

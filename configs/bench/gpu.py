@@ -8,15 +8,14 @@ PyTorch peer is off: the `bench` extra pins the CPU build of torch. `:runlocal` 
 every config) runs tiny.py's toy sizes on a CPU instead, printed only.
 """
 
-from configs.bench import base
-from configs.bench import tiny
 from ctr_jax import config_lib
+from ctr_jax.bench import configs as bench_configs
 
 
 def get_config(arg=None):
   if config_lib.parse_arg(arg, runlocal=False).runlocal:  # a CPU smoke run: tiny.py's sizes
-    return tiny.get_config()
-  c = base.get_base('gpu', 'python -m ctr_jax.bench --config=configs/bench/gpu.py')
+    return bench_configs.tiny()
+  c = bench_configs.get_base('gpu', 'python -m ctr_jax.bench --config=configs/bench/gpu.py')
   c.output = 'docs/benchmarks.md'
   c.sections = 'train,decode,prefill'
   c.dtype = 'bfloat16'

@@ -8,18 +8,17 @@ of the goals after a change, on whatever machine this is, beside the full `cpu` 
 the peer first: pip install -e ".[bench]". `:runlocal` runs tiny.py's toy sizes, printed only.
 """
 
-from configs.bench import base
-from configs.bench import tiny
 from ctr_jax import config_lib
+from ctr_jax.bench import configs as bench_configs
 
 
 def get_config(arg=None):
   if config_lib.parse_arg(arg, runlocal=False).runlocal:
-    return tiny.get_config()
-  c = base.get_base('peer_cpu', 'python -m ctr_jax.bench --config=configs/bench/peer_cpu.py')
+    return bench_configs.tiny()
+  c = bench_configs.get_base('peer_cpu', 'python -m ctr_jax.bench --config=configs/bench/peer_cpu.py')
   c.output = 'docs/benchmarks.md'
   c.repeats = 3
   c.sections = 'train,generate'
   c.train = [{'label': 't6_c512 (peer shape)', 'k': 0, 'seq_len': 256, 'batch': 8,
-              'model': base.peer_shape()}]
+              'model': bench_configs.peer_shape()}]
   return c

@@ -18,19 +18,18 @@ workdir of a training run, e.g. the quickstart's:
 `:runlocal` (accepted by every config) runs tiny.py's toy sizes of this section, printed only.
 """
 
-from configs.bench import base
-from configs.bench import tiny
 from ctr_jax import config_lib
+from ctr_jax.bench import configs as bench_configs
 
 COMMAND = 'python -m ctr_jax.bench --config=configs/bench/prefill_cpu.py'
 
 
 def get_config(arg=None):
   if config_lib.parse_arg(arg, runlocal=False).runlocal:  # a CPU smoke run: tiny.py's sizes
-    c = tiny.get_config()
+    c = bench_configs.tiny()
     c.sections = 'chunked'
     return c
-  c = base.get_base('prefill_cpu', COMMAND)
+  c = bench_configs.get_base('prefill_cpu', COMMAND)
   c.output = 'docs/benchmarks.md'
   c.sections = 'chunked'
   c.warmup = 1

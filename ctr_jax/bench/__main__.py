@@ -8,10 +8,11 @@ import os
 import shlex
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
 from ml_collections import config_flags
+
+from ctr_jax import config_lib
+from ctr_jax.bench import report, runner
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', 'configs/bench/cpu.py', 'Bench config file.',
@@ -25,7 +26,6 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if not any(a.startswith(('--verbosity', '-v')) for a in sys.argv[1:]):
     logging.set_verbosity(logging.WARNING)
-  from ctr_jax.bench import report, runner  # pylint: disable=g-import-not-at-top
   config = FLAGS.config
   # The results record the command as typed, overrides included, not the config's own line.
   config.command = ' '.join(['python -m ctr_jax.bench', *map(shlex.quote, sys.argv[1:])])
@@ -59,7 +59,6 @@ def _check_writable(path: str) -> None:
 
 
 def _parse_flags(argv):
-  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.parse_flags_one_line_errors(FLAGS, argv, 'ctr_jax.bench')
 
 

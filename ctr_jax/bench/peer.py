@@ -11,7 +11,7 @@ the same mixed precision as our model's `dtype='bfloat16'` with `param_dtype='fl
 
 import contextlib
 
-from ctr_jax.bench import timing
+from ctr_jax.reporting import timing
 
 DTYPES = ('float32', 'bfloat16')
 
@@ -29,8 +29,8 @@ def _precision(dtype: str):
 def available() -> str:
   """'' when torch and transformers import, else the reason they do not."""
   try:
-    import torch  # pylint: disable=g-import-not-at-top,unused-import
-    import transformers  # pylint: disable=g-import-not-at-top,unused-import
+    import torch  # noqa: F401  (only whether it imports)
+    import transformers  # noqa: F401
   except ImportError as e:
     return f'PyTorch peer skipped: {e} (pip install -e ".[bench]")'
   return ''
@@ -55,7 +55,7 @@ def _model(width: int, depth: int, heads: int, vocab: int, max_len: int):
 def train_step_fn(*, width: int, depth: int, heads: int, vocab: int, seq_len: int, batch: int,
                   dtype: str = 'float32'):
   """One AdamW training step of the peer (forward, cross-entropy, backward, clipping), as a
-  closure; the benchmark and `scripts/profile_training.py` time this same step."""
+  closure; the benchmark and `ctr_jax.projects.perf.profile_training` time this same step."""
   import torch  # pylint: disable=g-import-not-at-top
   model = _model(width, depth, heads, vocab, max(seq_len, 1024))
   model.train()

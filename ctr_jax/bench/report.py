@@ -8,7 +8,7 @@ JSON file next to the markdown file.
 import json
 import os
 
-from ctr_jax import doc_sections
+from ctr_jax.reporting import doc_sections
 
 
 def _fmt(x, digits=3):

@@ -8,7 +8,8 @@ each batch size, and the peer), 'prefill', 'chunked' (chunked prefill against th
 import datetime
 import statistics
 
-from ctr_jax.bench import machine, peer, suite, timing
+from ctr_jax.bench import peer, suite
+from ctr_jax.reporting import machine, timing
 
 SECTIONS = ('train', 'decode', 'generate', 'prefill', 'chunked', 'scaling')
 DTYPES = ('float32', 'bfloat16')

@@ -6,14 +6,18 @@ numbers that `report` turns into table rows.
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ctr_jax import decode, losses, models, optim, train_step
-from ctr_jax.bench import timing
+from ctr_jax import models
+from ctr_jax.inference import decode
+from ctr_jax.reporting import timing
+from ctr_jax.tasks import losses
+from ctr_jax.training import checkpointing, optim, train_step
 
 
 def model_config(fields: dict):
@@ -47,7 +51,7 @@ def train_step_and_state(fields: dict, *, seq_len: int, batch: int, k_unroll: in
   """The trainer's own step (`train_step.make_train_step` with the language-modelling loss,
   AdamW, clipping and the norm metrics), jitted and donated as the trainer does, with a fresh
   state and one batch: `(step, state, tokens, cfg, k)`; `step(state, tokens)` returns the next
-  state and the metrics. The benchmark and `scripts/profile_training.py` time this same step.
+  state and the metrics. The benchmark and `ctr_jax.projects.perf.profile_training` time this same step.
 
   grad_iterations: backpropagate through the last m of the K iterations only
   (`config.train.grad_iterations`; 0 = all)."""
@@ -58,12 +62,11 @@ def train_step_and_state(fields: dict, *, seq_len: int, batch: int, k_unroll: in
                                             'eps': 1e-8, 'weight_decay': 0.1})
   tx = optim.make_optimizer(optim_config, 1000)
   params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32))['params']
-  state = {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params)}
+  state = train_step.init_state(params, tx)
   k = k_unroll if cfg.kind == 'context_ready' else None
-  loss_fn = functools.partial(losses.model_loss,
-                              recipe=train_step.Recipe(grad_iterations=grad_iterations))
-  step_fn = train_step.make_train_step(model, tx, loss_fn, base_rng=jax.random.key(1),
-                                       deterministic=cfg.dropout == 0)
+  step_fn = train_step.make_train_step(
+      model, tx, losses.NextToken(), recipe=train_step.Recipe(grad_iterations=grad_iterations),
+      base_rng=jax.random.key(1), deterministic=cfg.dropout == 0)
   step = jax.jit(functools.partial(step_fn, k_unroll=k), donate_argnums=0)
   tokens = jax.random.randint(jax.random.key(1), (batch, seq_len + 1), 0, cfg.vocab_size)
   return step, state, tokens, cfg, k
@@ -169,23 +172,14 @@ def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmu
 def load_checkpoint(workdir: str, field: str = 'bench.chunked.checkpoint'):
   """(model-config fields, params) of the latest checkpoint of a training run's workdir; errors
   name `field`, the setting that gave the workdir."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   config_path = os.path.join(workdir, 'config.json')
   if not os.path.exists(config_path):
     raise ValueError(f'{field}: {workdir!r} holds no config.json (give the '
                      'workdir of a training run, e.g. /tmp/ctr_quickstart)')
-  with open(config_path) as f:
-    saved = json.load(f)['model']
-  fields = {k: v for k, v in saved.items() if k in models.default_model_config()}
-  mngr = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), 'checkpoints'),
-                               item_names=('state', 'data_iter', 'meta'))
-  if mngr.latest_step() is None:
+  if not checkpointing.steps(workdir):
     raise ValueError(f'{field}: {workdir!r} holds no checkpoint')
-  restored = mngr.restore(mngr.latest_step(),
-                          args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  return fields, restored['state']['params']
+  model_cfg, params = checkpointing.load_params(workdir)
+  return model_cfg.to_dict(), params
 
 
 def chunked_prefill_comparison(fields: dict, *, prompt_len: int, chunks, passes, tolerance: float,

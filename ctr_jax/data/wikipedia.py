@@ -10,11 +10,11 @@ articles to `validation`. Each split is a full pass over the dump.
 """
 
 import bz2
+from collections.abc import Callable, Iterator
 import html
 import os
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
 
 from etils import epath
 

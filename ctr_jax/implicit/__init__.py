@@ -20,16 +20,28 @@ kernel, the additive delta for a bias or norm scale, each with a leading batch a
 the context-ready model, whose correction FFN gets an input patch as well (one-token queries).
 """
 
-from ctr_jax.implicit import algorithm
-from ctr_jax.implicit import patches
-from ctr_jax.implicit.api import (DIAGNOSTICS, LOOPS, compute_patch, next_token_comparison,
-                                  patched_forward, patched_next_token, record_next_token)
+from ctr_jax.implicit import algorithm, patches
+from ctr_jax.implicit.api import (
+                                  DIAGNOSTICS,
+                                  LOOPS,
+                                  compute_patch,
+                                  next_token_comparison,
+                                  patched_forward,
+                                  patched_next_token,
+                                  record_next_token,
+)
 from ctr_jax.implicit.blocks import METHODS
-from ctr_jax.implicit.patches import (MODES, RankOne, apply_patch, gradient_form,
-                                      matrix_ranks, patch_deltas)
+from ctr_jax.implicit.patches import (
+                                  MODES,
+                                  RankOne,
+                                  apply_patch,
+                                  gradient_form,
+                                  matrix_ranks,
+                                  patch_deltas,
+)
 from ctr_jax.implicit.stable import rms_inversion, solve_rms_inversion
 
-__all__ = ['METHODS', 'MODES', 'LOOPS', 'RankOne', 'compute_patch', 'patched_forward',
+__all__ = ['algorithm', 'patches', 'METHODS', 'MODES', 'LOOPS', 'RankOne', 'compute_patch', 'patched_forward',
            'patch_deltas', 'apply_patch', 'next_token_comparison', 'record_next_token',
            'patched_next_token', 'DIAGNOSTICS', 'gradient_form',
            'matrix_ranks', 'rms_inversion', 'solve_rms_inversion']

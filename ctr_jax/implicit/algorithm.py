@@ -16,8 +16,8 @@ passes, and only the last position is guaranteed to match.
 
 import jax.numpy as jnp
 
-from ctr_jax import decode
 from ctr_jax.implicit import blocks
+from ctr_jax.inference import decode
 
 LOOPS = ('closed', 'open')
 

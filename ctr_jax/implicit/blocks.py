@@ -26,8 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ctr_jax.implicit import patches
-from ctr_jax.implicit import stable
+from ctr_jax.implicit import patches, stable
 from ctr_jax.models import layers
 
 METHODS = ('direct', 'stable')

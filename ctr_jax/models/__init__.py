@@ -11,22 +11,29 @@ import math
 
 import jax
 
-from ctr_jax.models.blocks import BLOCK_FAMILIES
-from ctr_jax.models.config import (CORRECTIONS, KERNEL_LAYOUTS, KINDS, LEGACY_DEFAULTS,
-                                   MOVED_TO_TRAIN, SIZES, ModelSpec, decode_size,
-                                   default_model_config, model_config, saved_model_config,
-                                   validate, validate_not_moved)
+from ctr_jax.models import families
+from ctr_jax.models.config import (
+  CORRECTIONS,
+  KERNEL_LAYOUTS,
+  KINDS,
+  SIZES,
+  ModelSpec,
+  decode_size,
+  default_model_config,
+  model_config,
+  validate,
+)
 from ctr_jax.models.lm import ContextReadyLM, TransformerLM
-from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_right
+from ctr_jax.ops.recurrence import DecodeState, fixed_point_unroll, shift_right
 
-BLOCKS = tuple(BLOCK_FAMILIES)  # the allowed model.block values
+BLOCKS = families.names()  # the allowed model.block values
 
 __all__ = [
-    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS', 'LEGACY_DEFAULTS', 'MOVED_TO_TRAIN',
+    'BLOCKS', 'CORRECTIONS', 'KERNEL_LAYOUTS', 'KINDS',
     'SIZES', 'ModelSpec', 'decode_size', 'default_model_config', 'model_config',
-    'saved_model_config', 'validate', 'validate_not_moved', 'ContextReadyLM', 'TransformerLM',
+    'validate', 'ContextReadyLM', 'TransformerLM',
     'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of', 'count_params',
-    'flops_per_token', 'pretrained',
+    'flops_per_token',
 ]
 
 
@@ -63,8 +70,3 @@ def flops_per_token(cfg) -> int:
         c * s.mlp_dim)
   return total
 
-
-def pretrained(name: str, **kwargs):
-  """(model, variables, tokenizer) of a packaged GGUF model; see ctr_jax/pretrained.py."""
-  from ctr_jax import pretrained as _pretrained  # pylint: disable=g-import-not-at-top
-  return _pretrained.pretrained(name, **kwargs)

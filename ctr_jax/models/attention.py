@@ -6,17 +6,17 @@ cache it attends causally within x (training, the K-unroll); with one it writes 
 values at `cache_index` and attends over the whole cache (step decode, chunked prefill).
 """
 
-import functools
 from collections.abc import Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ctr_jax.models.config import ModelSpec
 from ctr_jax.models import layers
-from ctr_jax.models.layers import RMSNorm, accumulation_dtype, compute_dtype, dense
+from ctr_jax.models.config import ModelSpec
+from ctr_jax.models.layers import RMSNorm, compute_dtype, dense
+from ctr_jax.ops import kernels
+from ctr_jax.ops.kernels import accumulation_dtype
 
 # Laid out as the two attention products read them (scores q [Dh] x k [Dh, S], output
 # p [S] x v [S, Dh]), with batch and key/value heads merged into one axis N = B*G: a
@@ -28,22 +28,6 @@ Cache = dict[str, jax.Array]  # {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]}
 # ------------------------------------------------------------------------------------------------
 # Rotary position embedding.
 # ------------------------------------------------------------------------------------------------
-
-
-def rotation_table(table: jax.Array) -> jax.Array:
-  """The sin or cos table [.., T, Dh/2], computed once rather than once per head and batch row.
-
-  XLA:CPU fuses the sin and cos into the rotation that broadcasts them over B and H, so every
-  element of q and k recomputed two transcendentals (64x the work at the peer shape: ~8% of
-  the training step's thread time, docs/benchmarks.md), and it drops an optimization barrier
-  before fusing. A product with the identity is exact (each output is 1 x one input plus
-  zeros) and ends the fusion, so the table is materialised; tests/test_models.py checks the
-  compiled step. Other backends keep the plain table.
-  """
-  if jax.default_backend() != 'cpu':
-    return table
-  eye = jnp.eye(table.shape[-1], dtype=table.dtype)
-  return jnp.matmul(table, eye, precision=jax.lax.Precision.HIGHEST)
 
 
 def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0,
@@ -66,7 +50,7 @@ def rope(x: jax.Array, positions: jax.Array, base: float, factor: float = 1.0,
   angles = positions.astype(dtype)[..., None] * inv_freq  # [B, T, Dh/2] or [T, Dh/2]
   if angles.ndim == 2:
     angles = angles[None]
-  sin, cos = rotation_table(jnp.sin(angles)), rotation_table(jnp.cos(angles))
+  sin, cos = kernels.rotation_table(jnp.sin(angles)), kernels.rotation_table(jnp.cos(angles))
   sin, cos = sin[:, :, None, :], cos[:, :, None, :]
   x1, x2 = x[..., :half].astype(dtype), x[..., half:].astype(dtype)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -91,9 +75,8 @@ def dot_product_attention(q, k, v, mask, scale: float, causal_blocks: int = 1) -
 
   Batch and key/value heads are merged into one axis N = B*G and the R = H/G query heads that
   share a key/value head are stacked along the query axis, so every product is a 3-D batched
-  matmul on contiguous tiles ([R*Tq, Dh] x [Dh, Tk]); the hand-written backward pass reuses the
-  saved probabilities and takes the softmax correction from rowsum(dO * O). Both beat autodiff
-  and the 5-D grouped layout on CPU (docs/benchmarks.md). Scores and softmax are float32 for
+  matmul on contiguous tiles ([R*Tq, Dh] x [Dh, Tk]), computed by `kernels.attention` (faster
+  than the 5-D grouped layout on CPU, docs/benchmarks.md). Scores and softmax are float32 for
   low-precision inputs.
 
   causal_blocks > 1 (self-attention, Tq == Tk) cuts the queries into that many blocks and lets
@@ -118,7 +101,7 @@ def dot_product_attention(q, k, v, mask, scale: float, causal_blocks: int = 1) -
     end = hi if blocks > 1 else tk
     rows = hi - lo
     block_mask = jnp.broadcast_to(mask[:, None, None, lo:hi, :end], (b, g, r, rows, end))
-    out = _attention(qh[:, :, :, lo:hi].reshape(b * g, r * rows, dh), kh[:, :end], vh[:, :end],
+    out = kernels.attention(qh[:, :, :, lo:hi].reshape(b * g, r * rows, dh), kh[:, :end], vh[:, :end],
                      block_mask.reshape(b * g, r * rows, end), scale)
     outs.append(out.reshape(b, g, r, rows, dh))
   out = outs[0] if blocks == 1 else jnp.concatenate(outs, axis=3)
@@ -140,51 +123,6 @@ def cached_attention(q, k, v, mask, scale: float) -> jax.Array:
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   out = jnp.einsum('nqs,nsd->nqd', probs, v, preferred_element_type=acc).astype(q.dtype)
   return jnp.transpose(out.reshape(b, g, r, tq, dh), (0, 3, 1, 2, 4)).reshape(b, tq, h, dh)
-
-
-def _attention_probs(scaled_q, k, mask):
-  acc = accumulation_dtype(scaled_q.dtype)
-  logits = jnp.einsum('nqd,nkd->nqk', scaled_q, k, preferred_element_type=acc)
-  # finfo.min, not -inf: a fully masked row then averages instead of producing NaN.
-  return jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(acc).min), axis=-1)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, mask, scale):
-  """q [N, Q, Dh], k/v [N, S, Dh], mask [N, Q, S] -> [N, Q, Dh]."""
-  return _attention_forward(q, k, v, mask, scale)[0]
-
-
-def _attention_forward(q, k, v, mask, scale):
-  # The scale goes on q [N, Q, Dh], not on the scores [N, Q, S]: XLA:CPU's product fusions
-  # take the scalar as a materialised [N, Q, S] array, read again in the backward pass.
-  scaled_q = q * jnp.asarray(scale, q.dtype)
-  probs = _attention_probs(scaled_q, k, mask)
-  out = jnp.einsum('nqk,nkd->nqd', probs.astype(v.dtype), v,
-                   preferred_element_type=probs.dtype).astype(q.dtype)
-  return out, (scaled_q, k, v, mask, probs, out)
-
-
-def _attention_backward(scale, residuals, d_out):
-  scaled_q, k, v, mask, probs, out = residuals
-  acc = probs.dtype
-  d_out_acc = d_out.astype(acc)
-  # The products take their operands in the inputs' dtype and accumulate in `acc`, as the
-  # forward does (in bfloat16 that is the form XLA:CPU keeps in bf16 instead of upcasting).
-  dv = jnp.einsum('nqk,nqd->nkd', probs.astype(v.dtype), d_out.astype(v.dtype),
-                  preferred_element_type=acc)
-  d_probs = jnp.einsum('nqd,nkd->nqk', d_out, v, preferred_element_type=acc)
-  # Softmax backward: rowsum(dP * P) == rowsum(dO * O) per query.
-  delta = jnp.sum(d_out_acc * out.astype(acc), axis=-1, keepdims=True)
-  d_logits = probs * (d_probs - delta)  # the gradient of the scaled scores
-  dq = jnp.einsum('nqk,nkd->nqd', d_logits.astype(k.dtype), k, preferred_element_type=acc)
-  dk = jnp.einsum('nqk,nqd->nkd', d_logits.astype(scaled_q.dtype), scaled_q,
-                  preferred_element_type=acc)
-  d_mask = np.zeros(mask.shape, jax.dtypes.float0)
-  return ((dq * scale).astype(scaled_q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_mask)
-
-
-_attention.defvjp(_attention_forward, _attention_backward)
 
 
 class Attention(nn.Module):

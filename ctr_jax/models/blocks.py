@@ -3,20 +3,19 @@
 Every block has the signature of the layers it is built from:
 `(x [B, T, C], positions, cache, cache_index, deterministic) -> (y, new_cache)`. Families are
 selected by `spec.block`; each is one `_FamilyBlock` subclass registered in `BLOCK_FAMILIES`,
-whose keys are the allowed values of `model.block`. A family's class attributes are its traits:
-the rest of the model (final norm, head, embeddings, MLP activation) and the HF loader read them
-from the class instead of switching on the family's name.
+whose keys are the allowed values of `model.block`. A family's traits (final norm, head,
+embeddings, MLP activation) are its row of `ctr_jax.models.families.TRAITS`.
 
-Adding a family takes: its class here (three stages, traits, one `BLOCK_FAMILIES` entry), its
+Adding a family takes: its traits row, its class here (three stages, one `BLOCK_FAMILIES` entry), its
 patch rule in `ctr_jax.implicit.blocks._FAMILIES` (for the implicit updates), and, to load real
-checkpoints, its architecture in `ctr_jax.hf` (a config mapping and a parameter mapping).
+checkpoints, its architecture in `ctr_jax.pretrained.hf` (a config mapping and a parameter mapping).
 """
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from ctr_jax.models.config import ModelSpec
 from ctr_jax.models.attention import Attention, Cache
+from ctr_jax.models.config import ModelSpec
 from ctr_jax.models.layers import GatedMlp, Mlp, MoeMlp, activation_name, compute_dtype, norm
 
 # ------------------------------------------------------------------------------------------------
@@ -42,30 +41,14 @@ def layer_attention(spec: ModelSpec, layer_index: int, **kwargs) -> Attention:
 
 
 class _FamilyBlock(nn.Module):
-  """The shared `__call__` of every family; subclasses define three stages and their traits.
+  """The shared `__call__` of every family; subclasses define three stages.
 
   The stages (ctr_jax/implicit patches between them): v = attend(x) is the residual after the
   attention sub-layer, z = mlp_input(x, v) the normalised MLP input, and the block output is
   v + mlp_branch(z).
-
-  Traits (class attributes, read through `block_class(spec)`):
-    norm_kind           'layer' (layer_norm.LayerNorm), 'rms' (RMSNorm) or 'rms_offset' (Gemma's
-                        RMSNorm storing w of (1 + w)); the family's norm, the final one included
-    default_activation  the MLP nonlinearity when `spec.activation` is '' (layers.ACTIVATIONS)
-    scale_embeddings    token embeddings times sqrt(C) unless `spec.embed_scale` is set
-    head_bias           an untied head has a bias
-    routed_experts      its MLP routes each token to `experts_per_token` of `num_experts`
-    learned_positions   accepts `positions='learned'` (a position table instead of RoPE)
   """
   spec: ModelSpec
   layer_index: int = 0
-
-  norm_kind = 'rms'
-  default_activation = 'silu'
-  scale_embeddings = False
-  head_bias = False
-  routed_experts = False
-  learned_positions = False
 
   def __call__(self, x, positions, cache=None, cache_index=None, deterministic=True):
     v, new_cache = self.attend(x, positions, cache, cache_index, deterministic)
@@ -79,10 +62,6 @@ class _FamilyBlock(nn.Module):
 
 class GptBlock(_FamilyBlock):
   """Pre-LN block of the paper's "roformer": h += Attn(LN(h)); h += FFN(LN(h)); with biases."""
-  norm_kind = 'layer'
-  default_activation = 'gelu'
-  head_bias = True
-  learned_positions = True  # GPT-2's position table
 
   def setup(self):
     self.ln_attn = norm(self.spec)
@@ -108,9 +87,6 @@ class GemmaBlock(_FamilyBlock):
 
   v = x + PostAttnNorm(Attn(PreAttnNorm(x)));  out = v + PostMlpNorm(Mlp(PreMlpNorm(v))).
   """
-  norm_kind = 'rms_offset'
-  default_activation = 'gelu_tanh'
-  scale_embeddings = True
 
   def setup(self):
     s = self.spec
@@ -138,8 +114,6 @@ class GemmaBlock(_FamilyBlock):
 
 class LlamaBlock(_FamilyBlock):
   """Llama/Mistral/Qwen2: pre-RMSNorm only, SwiGLU, no biases (optional QK-norm as Qwen3)."""
-  norm_kind = 'rms'
-  default_activation = 'silu'
 
   def setup(self):
     s = self.spec
@@ -168,7 +142,6 @@ class LlamaBlock(_FamilyBlock):
 
 class MoeBlock(LlamaBlock):
   """Mixtral: the Llama block with its MLP replaced by top-k routed SwiGLU experts."""
-  routed_experts = True
 
   def make_mlp(self):
     return MoeMlp(self.spec)
@@ -179,8 +152,6 @@ class FalconBlock(_FamilyBlock):
 
   LN' is the same LayerNorm (parallel_norms=1, Falcon-7B) or its own (2, Falcon-40B).
   """
-  norm_kind = 'layer'
-  default_activation = 'gelu'
 
   def setup(self):
     s = self.spec
@@ -211,7 +182,7 @@ BLOCK_FAMILIES: dict[str, type[_FamilyBlock]] = {
 
 
 def block_class(spec: ModelSpec) -> type[_FamilyBlock]:
-  """The family class of `spec.block`; its class attributes are the family's traits."""
+  """The block class of `spec.block` (its traits: `families.traits(spec.block)`)."""
   if spec.block not in BLOCK_FAMILIES:
     raise ValueError(f'model.block={spec.block!r} is not implemented yet; available: '
                      f'{sorted(BLOCK_FAMILIES)}')

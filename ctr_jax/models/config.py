@@ -11,6 +11,8 @@ from typing import Any
 
 import ml_collections
 
+from ctr_jax.models import families
+
 KINDS = ('transformer', 'context_ready')
 CORRECTIONS = ('add', 'token_blind', 'concat', 'none', 'tied')
 INITS = ('torch', 'normal')
@@ -19,25 +21,16 @@ POSITIONS = ('rope', 'rope_integer', 'learned', 'none')
 ACTIVATIONS = ('', 'gelu', 'gelu_tanh', 'silu', 'relu')
 LAYER_TYPES = ('sliding_attention', 'full_attention')
 KERNEL_LAYOUTS = ('out_in', 'in_out')
-# Training-recipe fields that used to sit in the model config (old checkpoints' saved configs
-# still hold them): model field -> its field in the training config `config.train`.
-MOVED_TO_TRAIN = {'remat': 'remat', 'k_min': 'k_min', 'convergence_weight': 'convergence_weight',
-                  'train_mode': 'mode'}
 
 
 def block_names() -> tuple[str, ...]:
-  """The allowed `model.block` values: the keys of `blocks.BLOCK_FAMILIES`, the registry.
-
-  Read at call time: ctr_jax.models.blocks imports this module.
-  """
-  from ctr_jax.models import blocks  # pylint: disable=g-import-not-at-top
-  return tuple(blocks.BLOCK_FAMILIES)
+  """The allowed `model.block` values (the rows of `families.TRAITS`)."""
+  return families.names()
 
 
-def _family(name: str):
-  """The block class registered under `name` (its traits decide the family-specific checks)."""
-  from ctr_jax.models import blocks  # pylint: disable=g-import-not-at-top
-  return blocks.BLOCK_FAMILIES[name]
+def _family(name: str) -> families.Traits:
+  """The traits of family `name` (they decide the family-specific checks)."""
+  return families.TRAITS[name]
 
 
 # Paper sizes (reference section 6.2: the ~85M block-FLOP grid; 16 heads everywhere) and a few
@@ -85,7 +78,7 @@ def default_model_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = ''                 # size name from SIZES ('' = sizes given explicitly)
   c.kind = 'context_ready'    # 'transformer' (the paper's "roformer") | 'context_ready'
-  c.block = 'gpt'             # block family: a key of blocks.BLOCK_FAMILIES (models.BLOCKS)
+  c.block = 'gpt'             # block family: a key of families.TRAITS (models.BLOCKS)
   c.vocab_size = 32000
   c.width = 256               # C
   c.depth = 2                 # D for context_ready, N for transformer
@@ -117,7 +110,7 @@ def default_model_config() -> ml_collections.ConfigDict:
   c.num_experts = 4
   c.experts_per_token = 2
   c.tie_embeddings = False
-  # Fields real checkpoints need (see ctr_jax/hf/); the defaults keep every family as before.
+  # Fields real checkpoints need (see ctr_jax/pretrained/hf/); the defaults keep every family as before.
   c.positions = 'rope'        # 'rope' | 'rope_integer' (angle position * j for pair j, as the
                               # author's code) | 'learned' (GPT-2's position table, max_len rows)
                               # | 'none' (no position signal but the causal mask: the author's
@@ -146,7 +139,6 @@ def model_config(name: str | None = None, **overrides) -> ml_collections.ConfigD
   if name:
     cfg.update(decode_size(name))
     cfg.name = name
-  validate_not_moved(overrides)
   unknown = sorted(set(overrides) - set(cfg.keys()))
   if unknown:
     raise ValueError(f'model config has no field(s) {unknown}; known fields: {sorted(cfg.keys())}')
@@ -164,17 +156,8 @@ def _check(ok: bool, field: str, message: str):
     raise ValueError(f'model.{field}: {message}')
 
 
-def validate_not_moved(fields) -> None:
-  """Raises ValueError for a model field that moved to the training config."""
-  moved = [f for f in MOVED_TO_TRAIN if f in fields]
-  if moved:
-    raise ValueError('; '.join(f'model.{f} moved to the training config: set config.train.'
-                               f'{MOVED_TO_TRAIN[f]} instead' for f in moved))
-
-
 def validate(cfg) -> None:
   """Raises ValueError naming the first bad field; returns None for a valid config."""
-  validate_not_moved(cfg)
   _check(cfg.kind in KINDS, 'kind', f'got {cfg.kind!r}, allowed {list(KINDS)}')
   blocks = block_names()
   _check(cfg.block in blocks, 'block', f'got {cfg.block!r}, allowed {list(blocks)}')
@@ -268,7 +251,7 @@ class ModelSpec:
   embed_scale: float = 0.0
   use_bias: bool = False
   parallel_norms: int = 1
-  kernel_layout: str = 'out_in'  # the config's default; saved configs: see LEGACY_DEFAULTS
+  kernel_layout: str = 'out_in'  # the config's default (older checkpoints: training.compat)
   attention_blocks: int = 1
 
   @classmethod
@@ -286,16 +269,3 @@ class ModelSpec:
   @property
   def is_context_ready(self) -> bool:
     return self.kind == 'context_ready'
-
-
-# What a saved model config (a checkpoint's metadata) means by a field it lacks: the fields
-# added after the first release, with the value the model had before each existed. That is the
-# field's default except for kernel_layout: checkpoints from before it hold [in, out] 'kernel's.
-LEGACY_DEFAULTS = {**{f.name: f.default for f in dataclasses.fields(ModelSpec)
-                      if f.default is not dataclasses.MISSING},
-                   'kernel_layout': 'in_out'}
-
-
-def saved_model_config(saved) -> ml_collections.ConfigDict:
-  """The model config of a saved config dict, reading a missing field as `LEGACY_DEFAULTS`."""
-  return model_config(**{**LEGACY_DEFAULTS, **dict(saved)})

@@ -3,24 +3,27 @@ weight layouts, initialisers, norms, activations and the feed-forward networks.
 
 Every parameter is created with its logical axis names (`nn.with_logical_partitioning`):
 'embed' (C), 'mlp' (F), 'heads' / 'kv_heads' (H*Dh / G*Dh), 'head_dim' (Dh), 'vocab' (V),
-'position' (the learned position table's rows), 'experts' (E). `ctr_jax.sharding` maps them to
+'position' (the learned position table's rows), 'experts' (E). `ctr_jax.training.sharding` maps them to
 the mesh with the config's rules.
 
 Attention and RoPE live in `ctr_jax.models.attention`, the block families built from both in
 `ctr_jax.models.blocks`.
 """
 
+from collections.abc import Mapping
 import functools
 import math
-from collections.abc import Mapping
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ctr_jax.models import families
 from ctr_jax.models.config import ModelSpec
 from ctr_jax.models.layer_norm import LayerNorm
+from ctr_jax.ops import kernels
+from ctr_jax.ops.kernels import accumulation_dtype
 
 
 def compute_dtype(spec: ModelSpec):
@@ -50,7 +53,7 @@ def dense(spec: ModelSpec, features: int, axes: tuple, *, use_bias: bool = True,
   """A dense layer with the spec's dtypes, initialiser and weight layout (`Linear`).
 
   `axes` are the logical axis names of its [in, out] matrix (e.g. ('embed', 'mlp')); the layer
-  annotates its parameters with them where it creates them (see `ctr_jax.sharding`).
+  annotates its parameters with them where it creates them (see `ctr_jax.training.sharding`).
   """
   if spec.init == 'torch':
     kernel_init = _torch_uniform(0)
@@ -127,72 +130,8 @@ def linear(x, node: Mapping, dtype):
   promotion: the arithmetic of `Linear`, for callers holding the arrays."""
   name = matrix_name(node)
   x, matrix, bias = nn.dtypes.promote_dtype(x, node[name], node.get('bias'), dtype=dtype)
-  contract = 1 if name == 'weight' else 0
-  if x.dtype == jnp.bfloat16 and matrix.dtype == jnp.bfloat16:
-    y = bf16_product(x, matrix, contract)
-  elif contract == 1 and _few_rows(x):
-    y = few_rows_product(x, matrix)
-  else:
-    y = jax.lax.dot_general(x, matrix, (((x.ndim - 1,), (contract,)), ((), ())))
+  y = kernels.dense_product(x, matrix, contract=1 if name == 'weight' else 0)
   return y if bias is None else y + bias
-
-
-# A decode step at a small batch multiplies a few rows by each weight matrix. XLA:CPU's YNNPACK
-# product repacks its right-hand operand on every call; in x W^T that is the weight, so the step
-# streams each matrix several times (at B = 8 the peer-shape step read its weights at about a
-# third of the batch-1 rate). As W x^T the few activation rows are what gets packed. XLA folds
-# plain transposes back into the dot's dimension numbers (the slow form again, without YNNPACK),
-# hence the barriers. One row stays a matrix-vector product, which is fast as it is; past ~32 rows
-# the product is compute-bound and the form no longer matters (scripts/matmul_dtypes.py
-# --few_rows measures it).
-FEW_ROWS = (2, 32)
-
-
-def _few_rows(x) -> bool:
-  rows = math.prod(x.shape[:-1])
-  return (FEW_ROWS[0] <= rows <= FEW_ROWS[1] and x.dtype == jnp.float32
-          and jax.default_backend() == 'cpu')
-
-
-def few_rows_product(x, weight):
-  """x [..., in] W^T for W [out, in], computed as (W x^T)^T with both transposes materialised."""
-  rows = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)  # [in, rows]
-  y = jax.lax.optimization_barrier(jax.lax.dot_general(weight, rows, (((1,), (0,)), ((), ()))))
-  return y.T.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def _f32_dot(a, b, a_axes, b_axes):
-  return jax.lax.dot_general(a, b, ((a_axes, b_axes), ((), ())),
-                             preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def bf16_product(x, matrix, contract: int):
-  """x [..., in] times a bfloat16 matrix ([out, in] when `contract` is 1, [in, out] when 0),
-  forward and backward products accumulated in float32, results rounded to x's dtype.
-
-  The same numbers as the plain bf16 dot (which accumulates in float32 on every backend), but
-  each product asks for a float32 result: XLA:CPU upcasts a dot with a bfloat16 result to a
-  float32 dot of converted operands, and keeps a bf16 x bf16 -> f32 dot, which it can send to the
-  CPU's bfloat16 matrix units (AMX). Autodiff of the plain dot would produce bf16-result dots
-  again, hence the explicit backward (docs/benchmarks.md, "bfloat16 products on XLA:CPU").
-  """
-  return _f32_dot(x, matrix, (x.ndim - 1,), (contract,)).astype(x.dtype)
-
-
-def _bf16_product_fwd(x, matrix, contract):
-  return bf16_product(x, matrix, contract), (x, matrix)
-
-
-def _bf16_product_bwd(contract, residuals, g):
-  x, matrix = residuals
-  dx = _f32_dot(g, matrix, (g.ndim - 1,), (1 - contract,)).astype(x.dtype)
-  lead = tuple(range(x.ndim - 1))  # every token axis: summed over for the matrix's gradient
-  dmatrix = _f32_dot(g, x, lead, lead) if contract == 1 else _f32_dot(x, g, lead, lead)
-  return dx, dmatrix.astype(matrix.dtype)
-
-
-bf16_product.defvjp(_bf16_product_fwd, _bf16_product_bwd)
 
 
 def concat_outputs(nodes) -> dict:
@@ -233,11 +172,6 @@ def layer_norm(spec: ModelSpec, name: str | None = None) -> nn.Module:
   return LayerNorm(spec, dtype=compute_dtype(spec), param_dtype=param_dtype(spec), name=name)
 
 
-def accumulation_dtype(dtype):
-  """The dtype reductions run in: float32, or float64 for a float64 model."""
-  return jnp.promote_types(dtype, jnp.float32)
-
-
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
   """N(x) = x / sqrt(mean(x^2) + eps) over the last axis, in at least float32."""
   x = x.astype(accumulation_dtype(x.dtype))
@@ -268,13 +202,9 @@ class RMSNorm(nn.Module):
     return normed.astype(dtype) * scale.astype(dtype)
 
 
-def _family(spec: ModelSpec):
-  """The block class of `spec.block`, whose class attributes are the family's traits.
-
-  Imported at call time: ctr_jax.models.blocks is built from this module.
-  """
-  from ctr_jax.models import blocks  # pylint: disable=g-import-not-at-top
-  return blocks.block_class(spec)
+def _family(spec: ModelSpec) -> families.Traits:
+  """The traits of `spec.block`'s family."""
+  return families.traits(spec.block)
 
 
 def norm(spec: ModelSpec, name: str | None = None) -> nn.Module:

@@ -8,7 +8,7 @@ One `__call__` serves every mode:
 forward; the transformer ignores both.
 
 The stages are methods, so code outside the forward runs them by name, e.g.
-`model.apply(v, c, e, positions, method='iterate')` (ctr_jax.decode.parallel_prefill and
+`model.apply(v, c, e, positions, method='iterate')` (ctr_jax.inference.decode.parallel_prefill and
 chunked_prefill):
 `embed_tokens`, `logits`, and for the context-ready model `iterate` (one fixed-point pass),
 `correct` and `feedback`.
@@ -18,10 +18,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ctr_jax.models import blocks
-from ctr_jax.models import layers
+from ctr_jax.models import blocks, families, layers
 from ctr_jax.models.config import ModelSpec
-from ctr_jax.models.recurrence import DecodeState, fixed_point_unroll, shift_right
+from ctr_jax.ops.recurrence import DecodeState, fixed_point_unroll, shift_right
 
 
 class _LanguageModelBase(nn.Module):
@@ -46,7 +45,7 @@ class _LanguageModelBase(nn.Module):
     self.ln_f = layers.norm(s)
     if not s.tie_embeddings:
       self.head = layers.dense(s, s.vocab_size, ('embed', 'vocab'),
-                               use_bias=blocks.block_class(s).head_bias,
+                               use_bias=families.traits(s.block).head_bias,
                                fan_in=s.width)
     self.drop = nn.Dropout(s.dropout)
 
@@ -75,7 +74,7 @@ class _LanguageModelBase(nn.Module):
   def init(self, *args, **kwargs):
     """`nn.Module.init` with plain arrays. Every parameter is created with its logical axis
     names (`nn.with_logical_partitioning`); `init_with_output` keeps those boxes, which is what
-    `ctr_jax.sharding.param_axes` reads, and this unboxes them so the tree holds arrays."""
+    `ctr_jax.training.sharding.param_axes` reads, and this unboxes them so the tree holds arrays."""
     return nn.meta.unbox(super().init(*args, **kwargs))
 
   # ----------------------------------------------------------------------------------------------
@@ -249,7 +248,7 @@ class ContextReadyLM(_LanguageModelBase):
     """One exact streaming step for a single new token per sequence: tokens [B, 1]."""
     if tokens.shape[1] != 1:
       raise ValueError('the context-ready model decodes one position at a time; use '
-                       'ctr_jax.decode.prefill for a prompt')
+                       'ctr_jax.inference.decode.prefill for a prompt')
     if self.spec.cumulative:
       raise ValueError('model.cumulative=True has no exact sequential form (it is the ablation '
                        'that breaks streaming equivalence); evaluate it in parallel mode')

@@ -12,8 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ctr_jax import decode, losses, train_step
-from ctr_jax.tasks import register
+from ctr_jax.data import pipeline
+from ctr_jax.inference import decode
+from ctr_jax.tasks import losses
+from ctr_jax.tasks.registry import register
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
@@ -52,7 +54,7 @@ def sample_text(model, params, tokenizer, prompt: str, num_tokens: int, rng, *,
 
 @register('kjv_bible', 'openwebtext', 'wikipedia')
 class LanguageModelling:
-  """Next-token prediction; the loss is `losses.model_loss` under the config's training recipe."""
+  """Next-token prediction: `losses.NextToken` with the config's convergence weight."""
 
   # The names metrics.jsonl has always used for the LM loss terms.
   metric_names = {'loss': 'train_loss', 'ce_loss': 'train_ce',
@@ -60,10 +62,8 @@ class LanguageModelling:
   has_sample = True
 
   def __init__(self, config, process_index: int, process_count: int):
-    from ctr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-    from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
     data = config.data
-    self.dataset = pipeline.load(data.name, data_dir=data.data_dir or config_lib.default_data_dir(),
+    self.dataset = pipeline.load(data.name, data_dir=data.data_dir,
                                  manual_dir=data.manual_dir or None,
                                  vocab_size=config.model.vocab_size)
     self.tokenizer = self.dataset.tokenizer
@@ -74,14 +74,16 @@ class LanguageModelling:
     self.eval_batches = pipeline.eval_batches(
         self.dataset, seq_len=data.seq_len, global_batch_size=config.batch_size,
         num_batches=num, process_index=process_index, process_count=process_count)
-    self.recipe = train_step.Recipe.from_config(config.train)
+    self.objective = losses.NextToken(config.train.convergence_weight)
     # The exact scan exists for a context-ready model unless it is the cumulative ablation.
     self.sequential = (config.eval_sequential and config.model.kind == 'context_ready'
                        and not config.model.cumulative)
 
-  def loss(self, model, params, batch, *, k_unroll, rng, deterministic):
-    return losses.model_loss(model, params, batch, k_unroll=k_unroll, rng=rng,
-                             deterministic=deterministic, recipe=self.recipe)
+  def inputs(self, batch):
+    return self.objective.inputs(batch)
+
+  def loss(self, logits, aux, batch):
+    return self.objective.loss(logits, aux, batch)
 
   def evaluate(self, model, params, *, to_global, final: bool) -> dict:
     """{'val_loss', 'val_ppl'} (+ '_sequential' keys for the exact scan of a CRT)."""

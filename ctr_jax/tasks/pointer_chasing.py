@@ -3,8 +3,8 @@
 Batches are generated on the fly (`ctr_jax.data.pointer_chasing`) from (seed, step): step s uses
 examples s*B .. s*B+B-1 of the training stream, so the iterator state is just the number of
 batches consumed. The loss is the cross-entropy AT every key position (the resolved base value),
-not a next-token loss, through the training recipe's forward (`train_step.forward`: the K-unroll,
-BPTT through the exact scan with `config.train.mode='bptt'`, or a transformer's forward).
+not a next-token loss, of the logits of the training recipe's forward (the training step's: the
+K-unroll, BPTT through the exact scan with `config.train.mode='bptt'`, or a transformer's forward).
 
 Evaluation is per-level accuracy: which levels a model resolves. Accuracy is the argmax
 prediction AT each key position against that position's target, grouped by what the position
@@ -22,10 +22,11 @@ from collections.abc import Callable, Mapping
 import jax
 import numpy as np
 
-from ctr_jax import decode, losses, train_step
 from ctr_jax.data import curricula
 from ctr_jax.data import pointer_chasing as generator
-from ctr_jax.tasks import register
+from ctr_jax.inference import decode
+from ctr_jax.tasks import losses
+from ctr_jax.tasks.registry import register
 
 DEFAULT_NUM_EXAMPLES = 1024
 PASS_THRESHOLD = 0.9
@@ -283,13 +284,14 @@ class PointerChasing:
     self.eval_examples = config.eval_batches * config.batch_size
     self.final_examples = config.pointer_eval_examples
     self.batch_size = config.batch_size
-    self.recipe = train_step.Recipe.from_config(config.train)
     self.loss_over = config.data.get('loss_over', 'targets')
     self.stop_accuracy = float(config.data.get('stop_accuracy', 0.0))
 
-  def loss(self, model, params, batch, *, k_unroll, rng, deterministic):
-    logits, _ = train_step.forward(model, params, batch['tokens'], self.recipe,
-                                   k_unroll=k_unroll, rng=rng, deterministic=deterministic)
+  def inputs(self, batch):
+    return batch['tokens']
+
+  def loss(self, logits, aux, batch):
+    del aux  # no convergence term: the task's loss alone, as the author trains it
     loss = loss_on_targets(logits, batch['targets'], self.loss_over)
     return loss, {'loss': loss}
 

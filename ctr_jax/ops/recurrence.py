@@ -1,0 +1,54 @@
+"""The two recurrences every model shares, in one place.
+
+* `fixed_point_unroll`: K iterations of a step with shared weights, as one `nn.scan` (the lifted
+  `jax.lax.scan`), all positions in parallel. Used by the context-ready parallel forward.
+* `DecodeState` + `shift_right`: the state of the exact left-to-right scan over positions that
+  `ctr_jax.inference.decode` runs for both model kinds.
+"""
+
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def fixed_point_unroll(module: nn.Module, step: Callable, carry: Any, num_steps: int, *,
+                       remat: bool = False):
+  """Runs `carry, out = step(module, carry)` `num_steps` times; returns (carry, stacked outs).
+
+  The weights of `module` are broadcast into the loop (shared by every iteration) and dropout
+  draws fresh randomness per iteration. With `remat`, each iteration's activations are recomputed
+  in the backward pass, so memory stays that of one iteration plus the carries.
+  """
+  def body(mdl, c, _):
+    return step(mdl, c)
+  if remat:
+    body = nn.remat(body, prevent_cse=False)
+  scan = nn.scan(body, variable_broadcast='params', split_rngs={'params': False, 'dropout': True},
+                 length=num_steps)
+  return scan(module, carry, None)
+
+
+def shift_right(x: jax.Array, first: jax.Array | None = None) -> jax.Array:
+  """[B, T, C] -> [B, T, C] with out[:, t] = x[:, t-1] and out[:, 0] = first [B, C], default 0
+  (z_{-1} = 0; a later chunk of a sequence passes the previous chunk's last z)."""
+  if first is None:
+    return jnp.pad(x, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+  return jnp.concatenate([first[:, None].astype(x.dtype), x[:, :-1]], axis=1)
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """What a model carries from one position to the next during exact sequential inference.
+
+  caches:   per-layer {'k': [B*G, Dh, S], 'v': [B*G, S, Dh]} (attention.Cache); S = the longest
+            sequence this state holds.
+  feedback: [B, C] the cached block output z_{t-1} of the context-ready model (for the
+            correction='none' ablation, the block delta z_{t-1} - u_{t-1}); unused by transformers.
+  index:    int32 scalar, the position the next token is written to.
+  """
+  caches: tuple
+  feedback: jax.Array
+  index: jax.Array

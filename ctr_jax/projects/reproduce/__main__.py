@@ -1,0 +1,64 @@
+"""Reproduces the CRT paper's claims at CPU scale: one command per study (docs/reproduction.md).
+
+  python -m ctr_jax.projects.reproduce --study=table1 --seeds=3    # train what is missing, then report
+  python -m ctr_jax.projects.reproduce --study=k_min --seeds=3
+  python -m ctr_jax.projects.reproduce --study=table1 --report_only # re-read finished runs only
+  python -m ctr_jax.projects.reproduce --list                       # every study's runs and commands
+
+Studies: table1, seq_vs_parallel, k_eval, k_min, conversion, width, ablations and, beyond the
+paper, grad_iterations (backpropagating through the last m of K iterations only).
+
+Each run is `python -m ctr_jax.main --config=configs/repro.py:...` in its own workdir under
+--root; finished runs are skipped and an interrupted one resumes from its checkpoint when the
+study is run again. A study writes docs/reproduction/NAME.json (every run: its commands, config,
+seed, steps, tokens, wall time, final and per-evaluation validation loss/PPL) and regenerates its
+section of docs/reproduction.md (table, figure, one-line verdict). Numbers in that doc come only
+from those files. The scale (V = 2,048 on the KJV corpus, C = 64-320, T = 64-256, about a million
+training tokens per run) is stated in each section.
+"""
+
+import os
+
+from absl import app, flags, logging
+
+from ctr_jax.projects.reproduce import lib as repro_lib
+from ctr_jax.projects.reproduce import registry as repro_registry
+from ctr_jax.projects.reproduce import studies as repro_studies
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('study', None, f'One of {sorted(repro_registry.STUDIES)}.')
+flags.DEFINE_integer('seeds', 3, 'Seeds per group (0, 1, ...).')
+flags.DEFINE_string('root', os.path.join(repro_lib.ROOT, 'workdirs', 'repro'), 'Workdirs root.')
+flags.DEFINE_string('docs', os.path.join(repro_lib.ROOT, 'docs'), 'Where the report goes.')
+flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
+flags.DEFINE_bool('list', False, 'Print every run of --study (or of all studies) and exit.')
+flags.DEFINE_enum('scale', 'cpu', sorted(repro_studies.SCALES), 'Sizes and steps (tiny: tests).')
+flags.DEFINE_list('only', [], 'Train only the groups whose name contains one of these '
+                  "strings, e.g. --only='~1M' (the report still reads every finished run).")
+flags.DEFINE_multi_string('extra', [], 'Extra flags for every run, e.g. '
+                          '--extra=--config.data.data_dir=/data (recorded in each command).')
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # orbax's and TFDS's INFO lines drown the report
+  scale = repro_studies.SCALES[FLAGS.scale]
+  names = [FLAGS.study] if FLAGS.study else sorted(repro_registry.STUDIES)
+  for name in names:
+    if name not in repro_registry.STUDIES:
+      raise app.UsageError(f'--study={name!r}: allowed {sorted(repro_registry.STUDIES)}')
+  if FLAGS.list:
+    for name in names:
+      for run in repro_registry.STUDIES[name].runs(scale, FLAGS.seeds):
+        print(' '.join(run.command(FLAGS.root, tuple(FLAGS.extra))))
+    return
+  if not FLAGS.study:
+    raise app.UsageError('--study is required (or --list)')
+  report = repro_registry.run_study(FLAGS.study, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
+                                    tuple(FLAGS.extra), train=not FLAGS.report_only,
+                                    only=tuple(FLAGS.only))
+  print(report)
+
+
+if __name__ == '__main__':
+  app.run(main)

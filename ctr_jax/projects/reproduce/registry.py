@@ -1,0 +1,92 @@
+"""Every study of ctr_jax.projects.reproduce by name, and the driver that trains a study's runs and
+writes its json and its section of docs/reproduction.md.
+"""
+
+import dataclasses
+import os
+
+from ctr_jax.projects.reproduce import evaluated as repro_evaluated
+from ctr_jax.projects.reproduce import lib as repro_lib
+from ctr_jax.projects.reproduce import studies as repro_studies
+from ctr_jax.projects.reproduce.studies import SCALES, Scale
+from ctr_jax.reporting import machine
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  title: str
+  claims: str
+  runs: object     # (scale, seeds) -> list[Run]
+  report: object   # (records, scale, figure path or '') -> (markdown lines, verdict lines)
+  figure: bool = False
+  evaluate: object = None  # (record, run, root, scale) -> dict, cached in the run's workdir
+
+
+STUDIES = {
+    'table1': Study('Table 1 at CPU scale: CRT vs FLOP-matched transformers', 'claims 1, 9, 10',
+                    repro_studies.table1_runs, repro_studies.table1_report, figure=True),
+    'k_min': Study('Random depth (k_min) against fixed K', 'claim 7', repro_studies.k_min_runs,
+                   repro_studies.k_min_report),
+    'ablations': Study('Correction ablations (reference section 8)', 'section 8',
+                       repro_studies.ablation_runs, repro_studies.ablation_report),
+    'width': Study('Width scaling and context length', 'claims 8, 11', repro_studies.width_runs,
+                   repro_studies.width_report),
+    'seq_vs_parallel': Study('Exact scan against the parallel unroll on trained weights',
+                             'claims 4, 16, 17', repro_evaluated.seq_vs_parallel_runs,
+                             repro_evaluated.seq_vs_parallel_report,
+                             evaluate=repro_evaluated.seq_vs_parallel_eval),
+    'k_eval': Study('A K = 5-trained model evaluated at other K', 'claim 18',
+                    repro_evaluated.k_eval_runs, repro_evaluated.k_eval_report, figure=True,
+                    evaluate=repro_evaluated.k_eval_eval),
+    'conversion': Study('Converting a trained transformer (zero-initialised correction)',
+                        'claims 6, 15', repro_evaluated.conversion_runs,
+                        repro_evaluated.conversion_report, evaluate=repro_evaluated.conversion_eval),
+    'grad_iterations': Study('Backpropagating through the last m of K iterations (beyond the '
+                             'paper)', 'training cost', repro_studies.grad_iterations_runs,
+                             repro_studies.grad_iterations_report),
+}
+
+
+def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(),
+              train: bool = True, only: tuple = ()) -> str:
+  """Trains the study's missing runs (unless `train` is False), then writes its json and its
+  section of docs/reproduction.md; returns the section.
+
+  Training goes seed by seed (every group's seed 0 first), so a study stopped early still has
+  one run of each group to compare. `only`: train just the groups whose name contains one of
+  these strings (the report still reads every finished run)."""
+  study = STUDIES[name]
+  runs = study.runs(scale, seeds)
+  if train:
+    chosen = [r for r in runs if not only or any(o in r.group for o in only)]
+    for run in sorted(chosen, key=lambda r: r.seed):  # stable: init_from runs stay first
+      code = repro_lib.execute(run, root, extra)
+      if code:
+        print(f'reproduce: {run.name} exited with {code}; continuing with the others')
+  records = []
+  for run in runs:
+    record = repro_lib.collect(run, root)
+    if record is None:
+      continue
+    if study.evaluate is not None:
+      record['post'] = repro_lib.cached(os.path.join(run.workdir(root), f'post_{name}.json'),
+                                        lambda: study.evaluate(record, run, root, scale))
+    records.append(record)
+  figure = os.path.join(docs, 'reproduction', f'{name}.png') if study.figure and records else ''
+  if figure:
+    os.makedirs(os.path.dirname(figure), exist_ok=True)
+  lines, verdicts = study.report(records, scale, figure)
+  scale_text = (f'V = {scale.vocab}, T = {scale.seq_len}, batch {scale.batch}, '
+                f'{scale.steps} steps unless stated; {len(records)}/{len(runs)} runs finished.')
+  body = [f'## {name}: {study.title} ({study.claims})', '',
+          f'`python -m ctr_jax.projects.reproduce --study={name} --seeds={seeds}`'
+          + ('' if scale is SCALES['cpu'] else f' (scale {next(k for k, v in SCALES.items() if v is scale)})')
+          + f'. Scale: {scale_text}', '', *lines, '',
+          '**Verdict:** ' + ('; '.join(verdicts) if verdicts else 'no finished comparison yet.')]
+  repro_lib.write_results(name, records, docs, {'machine': _machine()})
+  repro_lib.replace_section(name, '\n'.join(body), docs)
+  return '\n'.join(body)
+
+
+def _machine() -> str:
+  return machine.summary_line(machine.describe())

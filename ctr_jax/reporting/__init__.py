@@ -1,0 +1,4 @@
+"""What made a result and where it goes: the machine (`machine`, `cpu_name`: its name, a measured
+matmul peak and memory rate), paired timing (`timing`) and the generated sections of docs/
+(`doc_sections`). Imports nothing else of ctr_jax, so every layer may use it.
+"""

@@ -1,0 +1,355 @@
+"""Training and evaluation: `train_and_evaluate(config, workdir)`, read top to bottom.
+
+Resume order (the first that applies wins):
+  1. the latest checkpoint in `workdir` (a restarted or preempted run continues);
+  2. `config.init_from`: a transformer checkpoint, converted to a context-ready model (a
+     transformer run instead continues its weights, or grows them by pass-through blocks on top
+     when it is deeper), with a fresh optimiser and schedule;
+  3. a fresh initialisation from `config.seed`.
+
+What a crash, a full disk, a damaged checkpoint or a second run on the same workdir do is listed in
+docs/reliability.md (ctr_jax/training/workdir.py and ctr_jax/training/checkpointing.py).
+"""
+
+import functools
+import json
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from ctr_jax import config_lib, models, tasks
+from ctr_jax.models import convert
+from ctr_jax.training import checkpointing, compat, metrics, optim, sharding, train_step
+from ctr_jax.training import workdir as workdir_lib
+
+
+class UserError(ValueError):
+  """A problem with the user's input: reported as one line, without a traceback."""
+
+
+def prepare_workdir(config, workdir: str) -> str:
+  """Validates everything that can be checked before a file is written; returns the abs path."""
+  config_lib.validate(config)
+  workdir = workdir_lib.resolve(workdir)
+  workdir_lib.ensure_writable(workdir)
+  workdir = str(workdir)
+  meta = checkpointing.read_meta(workdir)
+  if meta is not None:
+    # A field the saved config lacks was added later; the checkpoint has its old default.
+    defaults = json.loads(json.dumps(compat.LEGACY_DEFAULTS))  # as JSON stores them
+    saved, moved = compat.split_moved_fields(meta.get('config', {}).get('model', {}))
+    saved = {**defaults, **saved}
+    _note_recipe_change(workdir, moved, json.loads(config.train.to_json()))
+    current = json.loads(config.model.to_json())
+    diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    if diff:
+      raise UserError(f'the checkpoint in {workdir} was trained with a different model config '
+                      f'(fields {diff}); use a new --workdir')
+    config_lib.check_resumable(meta.get('config', {}), config, workdir)
+  elif config.job not in ('train', 'prepare'):
+    raise UserError(f'config.job={config.job!r} needs a checkpoint, but {workdir} has none')
+  return workdir
+
+
+def _note_recipe_change(workdir, saved_recipe: dict, current: dict) -> None:
+  # A checkpoint from before config.train kept the recipe in its model config; changing the
+  # recipe on resume is allowed, but say so.
+  changed = {k: (v, current.get(k)) for k, v in saved_recipe.items() if current.get(k) != v}
+  if changed and jax.process_index() == 0:
+    text = ', '.join(f'train.{k}: {old!r} -> {new!r}' for k, (old, new) in sorted(changed.items()))
+    print(f'ctr_jax: note: the checkpoint in {workdir} keeps its training recipe in its model '
+          f'config (an older version); resuming with the current config.train ({text})',
+          flush=True)
+
+
+def train_and_evaluate(config, workdir: str, devices=None) -> dict:
+  """Runs `config.job` in `workdir` (locked for the run; see docs/reliability.md)."""
+  config_lib.validate(config)  # before anything touches the workdir
+  run = workdir_lib.Run(workdir, active=jax.process_index() == 0)
+  try:
+    summary = _train_and_evaluate(config, str(run), devices, run)
+  except BaseException:
+    run.fail()  # removes what this run created if it saved nothing
+    raise
+  run.finish()
+  return summary
+
+
+def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
+  # ----------------------------------------------------------------------------------------------
+  # Workdir, processes, mesh.
+  # ----------------------------------------------------------------------------------------------
+  workdir = prepare_workdir(config, workdir)
+  process_index, process_count = jax.process_index(), jax.process_count()
+  is_chief = process_index == 0
+  mesh = sharding.make_mesh(config.mesh, devices)
+  rules = tuple(tuple(r) for r in config.sharding_rules)
+  if is_chief:
+    print(f'ctr_jax: {process_count} process(es), mesh {dict(mesh.shape)}, workdir {workdir}',
+          flush=True)
+
+  # ----------------------------------------------------------------------------------------------
+  # Data.
+  # ----------------------------------------------------------------------------------------------
+  task = tasks.make(config, process_index, process_count)
+  if config.job == 'prepare':  # dataset, tokenizer and token caches are built: nothing else
+    return {'step': 0, 'prepared': config.data.name}
+  batch_sharding = sharding.batch_sharding(mesh, rules)
+
+  def to_global(local_batch):  # an array, or a dict of arrays sharing the batch axis
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)),
+        local_batch)
+
+  # ----------------------------------------------------------------------------------------------
+  # Model, optimizer and the sharded train state (shapes first: nothing full-size on one device).
+  # ----------------------------------------------------------------------------------------------
+  model = models.build(config.model)
+  tx = optim.make_optimizer(config.optim, config.total_steps)
+  dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
+
+  def init_state(rng):
+    params = model.init(rng, dummy)['params']
+    return train_step.init_state(params, tx)
+
+  abstract_state = jax.eval_shape(init_state, jax.random.key(config.seed))
+  state_shardings = sharding.tree_shardings(abstract_state, mesh, rules,
+                                           sharding.param_axes(model, dummy))
+  repl = sharding.replicated(mesh)
+
+  # ----------------------------------------------------------------------------------------------
+  # Restore (see the resume order in the module docstring).
+  # ----------------------------------------------------------------------------------------------
+  mngr = checkpointing.manager(workdir, config.keep_checkpoints)
+  earlier_seconds = 0.0  # time spent by earlier runs of this workdir; None if unknown
+  window = []  # per-step metrics of the logging window in progress (restored with the state)
+  with jax.set_mesh(mesh):
+    restored = checkpointing.restore_latest(
+        mngr, checkpointing.abstract_with_shardings(abstract_state, state_shardings),
+        strict=config.get('strict_resume', False))
+    latest = restored[0] if restored else None
+    if latest is not None:
+      _, state, iter_state, restored_meta = restored
+      window = checkpointing.window_from_json((restored_meta or {}).get('metrics_window'))
+      if iter_state:
+        task.train_iter.set_state(iter_state)
+      # Checkpoints written before this field existed do not know their training time.
+      earlier_seconds = (restored_meta or {}).get('train_seconds')
+      if is_chief:
+        print(f'ctr_jax: resumed from the checkpoint at step {latest}', flush=True)
+    else:
+      state = jax.jit(init_state, out_shardings=state_shardings)(jax.random.key(config.seed))
+      if config.init_from:
+        state = _convert_from(config, state, state_shardings, mesh, rules)
+  num_params = models.count_params(state['params'])
+  if is_chief:
+    # Rows past the restored step were written after its checkpoint: the resumed run rewrites them.
+    metrics.drop_rows_after(workdir, latest or 0)
+    workdir_lib.write_config(workdir, json.loads(config.to_json()), latest)
+
+  # ----------------------------------------------------------------------------------------------
+  # Steps: one jitted train step per K value (random-depth training draws K per batch).
+  # ----------------------------------------------------------------------------------------------
+  step_fn = train_step.make_train_step(model, tx, task,
+                                       recipe=train_step.Recipe.from_config(config.train),
+                                       base_rng=jax.random.key(config.seed + 1),
+                                       deterministic=config.model.dropout == 0)
+
+  @functools.cache
+  def compiled_step(k_unroll):
+    return jax.jit(functools.partial(step_fn, k_unroll=k_unroll),
+                   in_shardings=(state_shardings, batch_sharding),
+                   out_shardings=(state_shardings, repl), donate_argnums=(0,))
+
+  run_start = time.perf_counter()
+
+  def run_eval(state, final=False):
+    with jax.set_mesh(mesh), sharding.activation_rules(rules):
+      return task.evaluate(model, state['params'], to_global=to_global, final=final)
+
+  writer = metrics.MetricWriter(workdir, active=is_chief)
+  schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
+  step = int(jax.device_get(state['step']))
+  summary = {'step': step, 'num_params': num_params}
+
+  # ----------------------------------------------------------------------------------------------
+  # Train loop.
+  # ----------------------------------------------------------------------------------------------
+  stop = {'signal': None}
+  previous_handler = None
+  if config.job == 'train':
+    previous_handler = signal.signal(signal.SIGTERM, lambda sig, _: stop.update(signal=sig))
+  tokens_per_step = config.batch_size * config.data.seq_len
+  progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
+  window_start, tokens_per_second = time.perf_counter(), None
+  health = checkpointing.health_init(repl)  # first step with a NaN/Inf loss or gradient norm
+  last_saved = latest
+  try:
+    while config.job == 'train' and step < config.total_steps:
+      batch = to_global(next(task.train_iter))
+      k = train_step.k_for_step(config.train, config.model, config.seed, step)
+      with jax.set_mesh(mesh), sharding.activation_rules(rules):
+        state, step_metrics = compiled_step(k)(state, batch)
+      step += 1
+      window.append(step_metrics)
+      health = checkpointing.health_update(health, step, step_metrics['loss'],
+                                           step_metrics['grad_norm'])
+      if step % config.log_every == 0 or step == config.total_steps:
+        checkpointing.check_health(health, last_saved, workdir)
+        host = jax.device_get(window)
+        mean = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+        if not all(np.isfinite(v) for v in mean.values()):
+          raise RuntimeError(f'a training metric became NaN or Inf somewhere within steps '
+                             f'[{step - len(host) + 1}, {step}]: {mean}')
+        elapsed = time.perf_counter() - window_start
+        tokens_per_second = len(host) * tokens_per_step / max(elapsed, 1e-9)
+        # The loss's own metrics under the task's names ('loss' first), then the optimiser's.
+        own = sorted(set(mean) - {'loss', *OPTIMIZER_METRICS})
+        logged = {tasks.metric_name(task, k): mean[k] for k in ['loss', *own]}
+        writer.write(step, {**logged, **{k: mean[k] for k in OPTIMIZER_METRICS},
+                            'learning_rate': float(schedule(step - 1)),
+                            'tokens_per_second': tokens_per_second})
+        summary.update(train_loss=mean['loss'], tokens_per_second=tokens_per_second)
+        progress.set_postfix(loss=f"{mean['loss']:.3f}", tok_s=f'{tokens_per_second:,.0f}')
+        window, window_start = [], time.perf_counter()
+      progress.update(1)
+      done_early = False
+      if step % config.eval_every == 0 and step < config.total_steps:
+        evaluation = run_eval(state)
+        writer.write(step, _scalars(evaluation))
+        _report(is_chief, step, evaluation, progress)
+        done_early = task.stop_early(evaluation)
+        window_start = time.perf_counter()  # evaluation time is not training throughput
+      stopping = stop['signal'] is not None or step == config.exit_at_step
+      if (stopping or done_early or step % config.checkpoint_every == 0
+          or step == config.total_steps):
+        checkpointing.check_health(health, last_saved, workdir)  # never save a NaN state
+        meta = _meta(config, step, _total_seconds(earlier_seconds, run_start))
+        meta['metrics_window'] = checkpointing.window_to_json(jax.device_get(window))
+        checkpointing.save(mngr, step, state, task.train_iter.get_state(), meta)
+        run.saved, last_saved = True, step
+      if stopping:
+        if is_chief:
+          reason = 'SIGTERM' if stop['signal'] else 'config.exit_at_step'
+          print(f'ctr_jax: saved step {step} and stopped ({reason}); rerun to resume', flush=True)
+        summary.update(step=step, interrupted=True)
+        return summary
+      if done_early:
+        # The task says it is done (e.g. pointer chasing's stop_accuracy): the final
+        # evaluation and the summary follow as after the last step.
+        summary['stopped_early_at_step'] = step
+        if is_chief:
+          progress.write(f'ctr_jax: step {step}: the task is done; stopping early')
+        break
+  finally:
+    progress.close()
+    if previous_handler is not None:
+      signal.signal(signal.SIGTERM, previous_handler)
+
+  # ----------------------------------------------------------------------------------------------
+  # Final evaluation, a sample, summary.json and curves.png.
+  # ----------------------------------------------------------------------------------------------
+  summary['step'] = step
+  # Over every run of this workdir (resumes included), up to the final evaluation.
+  summary['wall_time_seconds'] = _total_seconds(earlier_seconds, run_start)
+  if 'train_loss' not in summary:  # resumed at the last step: report the last logged loss
+    logged = [r for r in metrics.read_metrics(workdir) if 'train_loss' in r]
+    if logged:
+      summary['train_loss'] = logged[-1]['train_loss']
+  if config.job in ('train', 'evaluate'):
+    evaluation = run_eval(state, final=True)
+    writer.write(step, _scalars(evaluation))
+    _report(is_chief, step, evaluation, progress)
+    summary.update(evaluation)
+  if config.sample.num_tokens > 0 and task.has_sample:
+    with jax.set_mesh(mesh):
+      text = task.sample(model, state['params'], config, jax.random.key(config.seed + 2))
+    summary['sample'] = text
+    writer.write_text(step, 'sample', text)
+    if is_chief:
+      print(f'\n--- sample (step {step}) ---\n{text}\n---', flush=True)
+  writer.close()
+  if is_chief:
+    # Only training writes summary.json; evaluate / generate jobs leave it intact.
+    summary_name = {'train': 'summary.json'}.get(config.job, f'{config.job}.json')
+    metrics.write_json(workdir_lib.resolve(workdir) / summary_name, summary)
+    metrics.plot_curves(workdir)
+  return summary
+
+
+# What make_train_step adds to the loss's metrics (logged under these names).
+OPTIMIZER_METRICS = ('grad_norm', 'param_norm', 'update_norm')
+
+
+def _scalars(evaluation: dict) -> dict:
+  """Flattens nested evaluation results ({'level_accuracy': {'L0': ..}}) to scalar metrics."""
+  flat = {}
+  for key, value in evaluation.items():
+    if isinstance(value, dict):
+      flat.update({f'{key}/{k}': v for k, v in value.items()})
+    else:
+      flat[key] = value
+  return flat
+
+
+def _report(active, step, evaluation, progress):
+  if active:
+    text = ', '.join(f'{k} {v:.4g}' for k, v in _scalars(evaluation).items()
+                     if isinstance(v, (int, float)))
+    progress.write(f'ctr_jax: step {step}: {text}')
+
+
+def _meta(config, step: int, train_seconds: float | None) -> dict:
+  return {'step': step, 'config': json.loads(config.to_json()), 'train_seconds': train_seconds}
+
+
+def _total_seconds(earlier_seconds: float | None, run_start: float) -> float | None:
+  if earlier_seconds is None:
+    return None
+  return earlier_seconds + time.perf_counter() - run_start
+
+
+def _progress_bar(active: bool, initial: int, total: int):
+  return tqdm(total=total, initial=initial, disable=not active, unit='step', dynamic_ncols=True)
+
+
+def _convert_from(config, state, state_shardings, mesh, rules):
+  """Loads a transformer checkpoint and converts it (zero-initialised correction FFN); for a
+  transformer run, its weights as they are (a continuation with a fresh optimiser and schedule:
+  the baseline a converted model's fine-tune is compared with), or, for a deeper transformer,
+  grown by pass-through blocks on top (`convert.grow_transformer`)."""
+  source_meta = checkpointing.read_meta(config.init_from)
+  if source_meta is None:
+    raise UserError(f'config.init_from={config.init_from!r} holds no checkpoint')
+  source_cfg = compat.saved_model_config(
+      compat.split_moved_fields(source_meta['config']['model'])[0])
+  if source_cfg.kind != 'transformer':
+    raise UserError('config.init_from must point at a transformer run')
+  # Only the parameters: the source's optimiser (and its state) does not matter here.
+  _, source_params = checkpointing.load_params(config.init_from, mesh=mesh, rules=rules)
+  if config.model.kind == 'transformer':
+    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
+    if shapes(source_params) == shapes(state['params']):
+      params = source_params
+    elif source_cfg.depth < config.model.depth:
+      try:  # a deeper transformer: the source's blocks below new pass-through ones
+        params = convert.grow_transformer(source_params, state['params'])
+      except ValueError as e:
+        raise UserError(f'config.init_from: {e}') from None
+    else:
+      raise UserError(f'config.init_from: continuing a transformer needs the same parameter '
+                      f'shapes (or fewer blocks, to grow it); {config.init_from} has others')
+  else:
+    try:
+      params = convert.transformer_to_context_ready({'params': source_params},
+                                                    config.model)['params']
+    except ValueError as e:
+      raise UserError(f'config.init_from: {e}') from None
+  params = jax.device_put(params, state_shardings['params'])
+  return {**state, 'params': params,
+          'opt_state': jax.jit(optim.make_optimizer(config.optim, config.total_steps).init,
+                               out_shardings=state_shardings['opt_state'])(params)}

@@ -1,0 +1,296 @@
+"""Orbax checkpoints of {train state, data-iterator state, config} in `<workdir>/checkpoints`.
+
+Restores go through explicit abstract targets carrying the *current* shardings, so a checkpoint
+written on 8 devices restores on 1 (or on another mesh) without reshaping errors.
+
+Safety (docs/reliability.md): a non-finite state is never saved (`health_*`: the first step whose
+loss or gradient norm was NaN/Inf, kept on device and read only before a save or at a log step);
+a full disk ends as one line and leaves no temporary checkpoint; a damaged checkpoint is moved
+aside and the run resumes from the newest complete older one (unless `config.strict_resume`).
+"""
+
+import asyncio
+import errno
+import json
+import logging
+import shutil
+import sys
+import threading
+from unittest import mock
+
+from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint._src import asyncio_utils
+
+from ctr_jax import models
+from ctr_jax.training import compat, sharding
+from ctr_jax.training import workdir as workdir_lib
+
+DAMAGED_DIR = 'damaged_checkpoints'
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint that cannot be saved or restored (reported as one line)."""
+
+
+def _checkpoints_dir(workdir) -> epath.Path:
+  return workdir_lib.resolve(workdir) / 'checkpoints'
+
+
+def manager(workdir, max_to_keep: int = 3) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                         enable_async_checkpointing=False)
+  return ocp.CheckpointManager(_checkpoints_dir(workdir), options=options,
+                               item_names=('state', 'data_iter', 'meta'))
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state, data_iter_state, meta: dict) -> None:
+  quiet = _DropDiskFullLogs()  # orbax logs each failing writer thread's traceback: we report once
+  logging.getLogger('absl').addFilter(quiet)
+  try:
+    mngr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data_iter=ocp.args.JsonSave(data_iter_state or {}),
+        meta=ocp.args.JsonSave(meta)), force=True)
+    mngr.wait_until_finished()
+  except Exception as e:  # pylint: disable=broad-except
+    if not _is_disk_full(e):
+      raise
+    quiet.active = True  # the other writer threads now fail too: their logs say nothing new
+    _join_orbax_threads()  # they must end before their temporary files are removed
+    directory = epath.Path(mngr.directory)
+    _remove_temporaries(directory, step)
+    raise CheckpointError(f'no space left on the device of {directory.parent} while saving the '
+                          f'checkpoint of step {step} ({_free_space(directory)} free); the '
+                          'partial checkpoint was removed, free some space and rerun to '
+                          'resume') from None
+  finally:
+    logging.getLogger('absl').removeFilter(quiet)
+
+
+class _DropDiskFullLogs(logging.Filter):
+
+  active = False
+
+  def filter(self, record):
+    return not (self.active or 'No space left on device' in record.getMessage())
+
+
+def _join_orbax_threads(timeout: float = 60.0) -> None:
+  for thread in threading.enumerate():
+    if thread is not threading.current_thread() and type(thread).__module__.startswith('orbax'):
+      thread.join(timeout)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+      return True
+    if 'No space left on device' in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _remove_temporaries(directory: epath.Path, step: int) -> None:
+  if not directory.exists():
+    return
+  for entry in directory.iterdir():
+    if entry.name.startswith(f'{step}.') and 'tmp' in entry.name:
+      entry.rmtree() if entry.is_dir() else entry.unlink()
+
+
+def _free_space(directory: epath.Path) -> str:
+  if not workdir_lib.is_local(directory):
+    return 'unknown free space'
+  try:
+    free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+  except OSError:
+    return 'unknown free space'
+  return f'{free / 2**20:,.1f} MiB'
+
+
+def steps(workdir) -> list[int]:
+  path = _checkpoints_dir(workdir)
+  if not path.exists():
+    return []
+  return sorted(int(d.name) for d in path.iterdir() if d.name.isdigit())
+
+
+def read_meta(workdir) -> dict | None:
+  """The metadata (config, step) of the newest checkpoint in `workdir` that has it, or None.
+
+  A checkpoint without metadata is incomplete: `restore_latest` never restores it, so the model
+  check of the caller is made against the checkpoint that can actually be restored.
+  """
+  path = _checkpoints_dir(workdir)
+  for step in reversed(steps(workdir)):
+    meta_file = path / str(step) / 'meta' / 'metadata'
+    if meta_file.exists():
+      return json.loads(meta_file.read_text())
+  return None
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
+  """Restores (state, data-iterator state, meta) onto the shardings of `abstract_state`."""
+  restored = mngr.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract_state),
+      data_iter=ocp.args.JsonRestore(),
+      meta=ocp.args.JsonRestore()))
+  return restored['state'], restored['data_iter'], restored['meta']
+
+
+def restore_latest(mngr: ocp.CheckpointManager, abstract_state, *, strict: bool):
+  """(step, state, data-iterator state, meta) of the newest checkpoint that restores, or None.
+
+  A damaged checkpoint (truncated or missing files) is moved to `<workdir>/damaged_checkpoints`
+  with a one-line warning and the next older one is tried; `strict` raises instead.
+  """
+  directory = epath.Path(mngr.directory)
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      if not (directory / str(step) / 'meta' / 'metadata').exists():
+        raise FileNotFoundError('meta/metadata is missing')
+      return (step, *_restore_draining(mngr, step, abstract_state))
+    except Exception as e:  # pylint: disable=broad-except  (orbax / tensorstore error types vary)
+      reason = _first_line(e)
+      older = [s for s in mngr.all_steps() if s < step]
+      message = f'checkpoint step {step} in {directory} is damaged: {reason}'
+      if strict or not older:
+        hint = ('; config.strict_resume=False resumes from the older one' if older else
+                '; no older checkpoint exists: use a new --workdir or delete it')
+        raise CheckpointError(message + hint) from None
+      if jax.process_index() == 0:
+        aside = directory.parent / DAMAGED_DIR
+        aside.mkdir(parents=True, exist_ok=True)
+        (directory / str(step)).rename(aside / str(step))
+      _sync_processes(f'ctr_jax_damaged_{step}')
+      mngr.reload()
+      print(f'ctr_jax: warning: {message}; moved it to {directory.parent / DAMAGED_DIR} and '
+            f'resuming from step {max(older)}', file=sys.stderr, flush=True)
+  return None
+
+
+def _drain_then_close(coro):
+  """orbax's `_run_sync_via_new_loop`, but the loop finishes its other tasks before it closes.
+
+  When one read of a damaged checkpoint fails, tensorstore still completes the reads in flight;
+  on a closed loop each prints an 'Event loop is closed' traceback (or 'Task exception was never
+  retrieved'). Those say nothing about the damage, which is reported once.
+  """
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+  finally:
+    pending = asyncio.all_tasks(loop)
+    if pending:
+      loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def _restore_draining(mngr, step, abstract_state):
+  if not hasattr(asyncio_utils, '_run_sync_via_new_loop'):  # another orbax: plain restore
+    return restore(mngr, step, abstract_state)
+  with mock.patch.object(asyncio_utils, '_run_sync_via_new_loop', _drain_then_close):
+    return restore(mngr, step, abstract_state)
+
+
+def _sync_processes(name: str) -> None:
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _first_line(error: BaseException) -> str:
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  text = lines[0] if lines else type(error).__name__
+  return text if len(text) <= 300 else text[:297] + '...'
+
+
+def load_params(workdir, *, mesh: jax.sharding.Mesh | None = None,
+                rules=sharding.DEFAULT_RULES, step: int | None = None):
+  """(model config, params) of a training run's newest checkpoint (or `step`).
+
+  Only the parameters are read, so the optimiser that wrote the checkpoint does not matter. They
+  land on the shardings the trainer gives them on `mesh` (by their logical axis names and
+  `rules`), or on the default device without a mesh. Every reader of trained weights (the
+  studies, the benchmark, `config.init_from`) comes through here.
+  """
+  meta = read_meta(workdir)
+  if meta is None:
+    raise ValueError(f'{workdir} holds no checkpoint (give the workdir of a training run)')
+  cfg = compat.saved_model_config(compat.split_moved_fields(meta['config']['model'])[0])
+  model = models.build(cfg)
+  dummy = jnp.zeros((1, 2), jnp.int32)
+  abstract = jax.eval_shape(lambda rng: model.init(rng, dummy)['params'], jax.random.key(0))
+  if mesh is None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda _: device, abstract)
+  else:
+    shardings = sharding.tree_shardings(abstract, mesh, rules,
+                                        sharding.param_axes(model, dummy))
+  target = {'params': abstract_with_shardings(abstract, shardings)}
+  mngr = manager(workdir)
+  step = mngr.latest_step() if step is None else step
+  restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+      partial_restore=True)))
+  return cfg, restored['state']['params']
+
+
+def abstract_with_shardings(abstract_tree, shardings):
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract_tree, shardings)
+
+
+# ------------------------------------------------------------------------------------------------
+# Health: the first step whose loss or gradient norm was not finite (-1: none), on device.
+# ------------------------------------------------------------------------------------------------
+
+
+def health_init(sharding) -> jax.Array:
+  return jax.device_put(np.int32(-1), sharding)
+
+
+@jax.jit
+def health_update(first_bad, step, loss, grad_norm):
+  """Dispatched after every step; no host sync (read only before a save and at log steps)."""
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  return jnp.where((first_bad < 0) & ~finite, jnp.asarray(step, jnp.int32), first_bad)
+
+
+def check_health(first_bad, last_good_step, workdir) -> None:
+  bad = int(jax.device_get(first_bad))
+  if bad >= 0:
+    where = (f'the last good checkpoint is step {last_good_step} in {workdir}'
+             if last_good_step is not None else 'no checkpoint was saved')
+    raise CheckpointError(f'the loss or gradient norm became NaN or Inf at step {bad}; the '
+                          f'state was not saved ({where}); lower optim.lr or check the data')
+
+
+# ------------------------------------------------------------------------------------------------
+# The partial logging window, saved with the checkpoint so that logged means do not depend on
+# where a run stopped.
+# ------------------------------------------------------------------------------------------------
+
+
+def window_to_json(host_window: list[dict]) -> dict:
+  if not host_window:
+    return {'dtypes': {}, 'rows': []}
+  dtypes = {k: str(np.asarray(v).dtype) for k, v in host_window[0].items()}
+  rows = [{k: float(v) for k, v in row.items()} for row in host_window]
+  return {'dtypes': dtypes, 'rows': rows}
+
+
+def window_from_json(saved: dict | None) -> list[dict]:
+  if not saved:
+    return []
+  dtypes = saved['dtypes']
+  return [{k: np.asarray(v, dtypes[k]) for k, v in row.items()} for row in saved['rows']]
