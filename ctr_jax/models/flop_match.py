@@ -10,6 +10,10 @@ block FLOPs alone, as the paper's "~85M" budget does, would not be equal cost he
     crt = models.model_config(name='d2_c128_h4', vocab_size=2048)
     for m in flop_match.matched_transformers(crt, depths=(2, 3, 4, 6)):
       print(m['depth'], m['width'], m['ratio'])
+
+Training compute is counted apart (`training_flops_per_token`), as docs/benchmarks.md counts
+model FLOPs: 3 x forward, where a context-ready model's forward passes its unit and correction
+once per iteration of the K drawn.
 """
 
 import math
@@ -40,6 +44,61 @@ def nearest_width(kind: str, depth: int, target: float, vocab_size: int, num_hea
   candidates = {max(step, step * math.floor(exact / step)), step * math.ceil(exact / step)}
   return min(candidates, key=lambda c: (abs(cost(kind, depth, c, vocab_size, mlp_ratio,
                                                  correction) / target - 1), c))
+
+
+def training_flops_per_token(cfg, seq_len: int, *, k_min: int = 0,
+                             grad_iterations: int = 0) -> float:
+  """Model FLOPs per trained token, counted as docs/benchmarks.md counts them (MFU).
+
+  3 x forward (forward + backward, no rematerialisation), forward = 2 x the matmul weights a
+  token passes through + 4 T C per layer for causal attention (T = `seq_len`). A context-ready
+  model passes its D-layer unit and its correction once per iteration, K times for the K
+  drawn, and its output layer once: forward K (unit + correction) + head. With
+  `grad_iterations` m < K only the last m iterations are differentiated (the first K - m run on
+  stop_gradient'ed parameters): forward K passes, backward 2 m passes, so (K + 2 m) passes and
+  the head 3 times. Random depth (`k_min` > 0: K ~ U{k_min..K} per batch) gives the mean over
+  the draw: (k_min + K) / 2 forward passes and 2 x the mean of min(m, K) backward. A transformer
+  is 3 x (N layers + head). Also `ctr_jax.bench.suite.training_flops_per_token` at fixed K.
+  """
+  s = models.spec_of(cfg)
+  c = s.width
+  weights = 4 * c * c + 2 * c * s.mlp_dim  # 12C^2 per layer (matmul weights)
+  layer = 2 * weights + 4 * seq_len * c
+  head = 2 * s.vocab_size * c
+  if not s.is_context_ready:
+    return float(3 * (s.depth * layer + head))
+  correction = 2 * (models.flops_per_token(s) - s.depth * weights - s.vocab_size * c)
+  unit = s.depth * layer + correction  # one iteration: the unit and the correction
+  draws = range(k_min, s.k_unroll + 1) if k_min > 0 else (s.k_unroll,)
+  m = grad_iterations
+  forward = sum(draws) / len(draws)
+  backward = 2 * sum(min(m, k) if m > 0 else k for k in draws) / len(draws)
+  return (forward + backward) * unit + 3 * head
+
+
+def training_cost(kind: str, depth: int, width: int, vocab_size: int, seq_len: int, *,
+                  k_unroll: int = 1, k_min: int = 0, grad_iterations: int = 0,
+                  mlp_ratio: int = 4, correction: str = 'add') -> float:
+  """`training_flops_per_token` of a model of this shape (num_heads does not change it)."""
+  fields = dict(kind=kind, depth=depth, width=width, num_heads=1, vocab_size=vocab_size,
+                mlp_ratio=mlp_ratio)
+  if kind == 'context_ready':
+    fields.update(correction=correction, k_unroll=k_unroll)
+  return training_flops_per_token(models.model_config(**fields), seq_len, k_min=k_min,
+                                  grad_iterations=grad_iterations)
+
+
+def nearest_training_width(depth: int, target: float, vocab_size: int, seq_len: int,
+                           num_heads: int, mlp_ratio: int = 4) -> int:
+  """The width of an N = `depth` transformer, a multiple of 2 * num_heads, whose training
+  FLOPs per token (`training_cost`) are nearest to `target`."""
+  step = 2 * num_heads
+  cost_of = lambda w: training_cost('transformer', depth, w, vocab_size, seq_len,
+                                    mlp_ratio=mlp_ratio)
+  width = step
+  while cost_of(width + step) < target:  # the cost grows with the width
+    width += step
+  return min((width, width + step), key=lambda w: (abs(cost_of(w) / target - 1), w))
 
 
 def _row(depth, width, heads, flops, target):
