@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import shutil
+import sys
 import time
 
 import pytest
@@ -71,6 +73,60 @@ def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
   assert again == report
   with open(os.path.join(root, 'k_min', runs[0]['name'], 'invocations.jsonl')) as f:
     assert len(f.readlines()) == 1
+
+
+def _committed(run, command, ppl=30.0):
+  """A finished run's record as docs/reproduction/NAME.json holds it (the fields reports read)."""
+  return {'study': run.study, 'group': run.group, 'seed': run.seed, 'name': run.name,
+          'command': command, 'invocations': [{'command': command, 'exit_code': 0}],
+          'config': {'total_steps': 4}, 'steps': 4, 'tokens': 128, 'flops_per_token': 1,
+          'wall_time_seconds': 1.0, 'final': {'val_ppl': ppl, 'val_ppl_sequential': ppl},
+          'evals': [{'step': 4, 'val_loss': math.log(ppl)}]}
+
+
+def test_a_committed_record_counts_as_finished_without_its_workdir(tmp_path, monkeypatch):
+  """Workdirs do not outlive a session, docs/reproduction/NAME.json does: a run it holds with the
+  same command (another workdir root aside) is kept and not retrained; one whose command
+  differs is retrained."""
+  scale = repro_studies.SCALES['tiny']
+  root, docs = str(tmp_path / 'runs'), str(tmp_path / 'docs')
+  extra = ('--config.data.data_dir=/data',)
+  runs = {r.group: r for r in repro_studies.k_min_runs(scale, 1)}
+  same = runs['K=2 fixed']
+  kept = _committed(same, ' '.join(same.command(str(tmp_path / 'old_root'), extra)))
+  changed = runs['K=5 fixed']
+  stale = _committed(changed, ' '.join(changed.command(root, extra) + ['--config.optim.lr=0.5']))
+  os.makedirs(os.path.join(docs, 'reproduction'))
+  with open(os.path.join(docs, 'reproduction', 'k_min.json'), 'w') as f:
+    json.dump({'study': 'k_min', 'runs': [kept, stale]}, f)
+  launched = []
+  monkeypatch.setattr(repro_lib, 'execute_logged',
+                      lambda command, workdir: launched.append(workdir) or 1)
+  report = repro_registry.run_study('k_min', scale, 1, root, docs, extra)
+  assert sorted(launched) == sorted([runs['K=5 k_min=2'].workdir(root), changed.workdir(root)])
+  with open(os.path.join(docs, 'reproduction', 'k_min.json')) as f:
+    assert json.load(f)['runs'] == [kept]
+  assert '1/3 runs finished' in report and '| K=2 fixed | 30.00 |' in report
+
+
+@pytest.mark.slow
+def test_a_finished_run_survives_a_rerun_without_its_workdir(data_dir, tmp_path, monkeypatch):
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=1')
+  root, docs = str(tmp_path / 'runs'), str(tmp_path / 'docs')
+  extra = (f'--config.data.data_dir={data_dir}',)
+  scale = repro_studies.SCALES['tiny']
+  only = ('K=2 fixed',)
+  report = repro_registry.run_study('k_min', scale, 1, root, docs, extra, only=only)
+  path = os.path.join(docs, 'reproduction', 'k_min.json')
+  with open(path) as f:
+    [trained] = json.load(f)['runs']
+  assert trained['group'] == 'K=2 fixed' and trained['steps'] == scale.steps
+  shutil.rmtree(root)  # a fresh session: the workdirs are gone, the json is committed
+  monkeypatch.setattr(repro_lib, 'execute_logged', lambda *a: pytest.fail(f'retrained: {a}'))
+  again = repro_registry.run_study('k_min', scale, 1, root, docs, extra, only=only)
+  with open(path) as f:
+    assert json.load(f)['runs'] == [trained]
+  assert again == report and not os.path.exists(root)
 
 
 def test_runs_with_the_same_config_are_trained_once():

@@ -7,7 +7,9 @@ reports the last step, skips it. Every launch appends a line to the workdir's
 `invocations.jsonl` (the exact command, the step it resumed from, exit code, seconds, the
 machine; written
 when the launch starts, so a killed driver leaves it too, with a null exit code), so a
-results file lists every command that made a run, resumes included.
+results file lists every command that made a run, resumes included. Workdirs do not outlive a
+session, the committed docs/reproduction/NAME.json does: a run without a finished workdir whose
+record there is the same run (`committed_record`) counts as finished and keeps that record.
 """
 
 import dataclasses
@@ -207,6 +209,31 @@ def collect(run: Run, root: str) -> dict | None:
           'flops_per_token': models.flops_per_token(model_cfg),
           'final': {k: summary[k] for k in EVAL_KEYS if k in summary}, 'evals': evals,
           **dict(run.info)}
+
+
+def committed_records(study: str, docs: str) -> dict[str, dict]:
+  """The records of docs/reproduction/STUDY.json (as committed) by run name; {} if none."""
+  data = _read_json(os.path.join(docs, 'reproduction', f'{study}.json'))
+  return {r['name']: r for r in (data or {}).get('runs', []) if 'name' in r}
+
+
+def _without_workdir(command: str) -> str:
+  return re.sub(r' --workdir=\S+', '', command)
+
+
+def committed_record(run: Run, root: str, extra: tuple, committed: dict) -> dict | None:
+  """`run`'s record from `committed` (`committed_records`) if it is the same run: same name,
+  group and seed, the same training command (its --workdir aside: it only says where it ran,
+  and workdirs do not outlive a session) and finished (steps = the config's total_steps).
+  Such a run counts as finished without its workdir; its record is kept as it was, with
+  `run.info` (derived from the study's definitions, not measured) brought up to date."""
+  record = committed.get(run.name)
+  if (not record or record.get('group') != run.group or record.get('seed') != run.seed
+      or _without_workdir(record.get('command', '')) != _without_workdir(
+          ' '.join(run.command(root, extra)))
+      or record.get('steps') != (record.get('config') or {}).get('total_steps')):
+    return None
+  return {**record, **dict(run.info)}
 
 
 def _model_fields(saved: dict) -> dict:

@@ -57,16 +57,31 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
   these strings (the report still reads every finished run)."""
   study = STUDIES[name]
   runs = study.runs(scale, seeds)
+  # Workdirs do not outlive a session, the json does: a run without a finished workdir whose
+  # record there is the same run (repro_lib.committed_record) is finished, kept, not retrained.
+  committed = repro_lib.committed_records(name, docs)
+  kept = {}
+  for run in runs:
+    if not repro_lib.finished(run, root):
+      record = repro_lib.committed_record(run, root, extra, committed)
+      if record is not None and (study.evaluate is None or 'post' in record):
+        kept[run.name] = record
   if train:
-    chosen = [r for r in runs if not only or any(o in r.group for o in only)]
+    chosen = [r for r in runs if (not only or any(o in r.group for o in only))
+              and r.name not in kept]
     for run in sorted(chosen, key=lambda r: r.seed):  # stable: init_from runs stay first
       code = repro_lib.execute(run, root, extra)
       if code:
         print(f'reproduce: {run.name} exited with {code}; continuing with the others')
+  if kept:
+    print(f'reproduce: {len(kept)} run(s) finished in docs/reproduction/{name}.json without a '
+          f'finished workdir, kept and not retrained: {", ".join(sorted(kept))}')
   records = []
   for run in runs:
     record = repro_lib.collect(run, root)
     if record is None:
+      if run.name in kept:
+        records.append(kept[run.name])
       continue
     if study.evaluate is not None:
       record['post'] = repro_lib.cached(os.path.join(run.workdir(root), f'post_{name}.json'),
