@@ -207,8 +207,27 @@ def collect(run: Run, root: str) -> dict | None:
           'num_params': summary.get('num_params'),
           'tokens_per_second': summary.get('tokens_per_second'),
           'flops_per_token': models.flops_per_token(model_cfg),
+          'train_windows': train_windows(config),
           'final': {k: summary[k] for k in EVAL_KEYS if k in summary}, 'evals': evals,
           **dict(run.info)}
+
+
+_TRAIN_WINDOWS = {}
+
+
+def train_windows(config: dict) -> int:
+  """Training windows of T + 1 tokens in the run's training split (one epoch is this many
+  sequences: the trainer's iterator reshuffles them each epoch)."""
+  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from ctr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  data = config['data']
+  key = (data['name'], data['data_dir'] or config_lib.default_data_dir(), data['manual_dir'],
+         config['model']['vocab_size'])
+  if key not in _TRAIN_WINDOWS:
+    dataset = pipeline.load(data['name'], data_dir=key[1], manual_dir=data['manual_dir'] or None,
+                            vocab_size=key[3])
+    _TRAIN_WINDOWS[key] = len(dataset.train_tokens)
+  return _TRAIN_WINDOWS[key] // (data['seq_len'] + 1)
 
 
 def committed_records(study: str, docs: str) -> dict[str, dict]:
