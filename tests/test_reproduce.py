@@ -36,8 +36,48 @@ def test_compare_is_paired_by_seed_and_needs_two_sigma():
 def test_table1_models_are_flop_matched_at_the_cpu_scale():
   models = repro_studies.table1_models(repro_studies.SCALES['cpu'])
   assert {(m['kind'], m['depth']) for m in models} == (
-      {('context_ready', d) for d in (1, 2, 3)} | {('transformer', n) for n in (2, 3, 4, 6)})
+      {('context_ready', d) for d in (1, 2, 3)} | {('transformer', n) for n in (1, 2, 3, 4, 6)})
   assert all(m['matched'] and abs(m['ratio'] - 1) <= 0.03 for m in models)
+
+
+def test_table1_training_compute_matched_rows_at_1m():
+  rows = {r['group']: r for r in repro_studies.table1_rows(repro_studies.SCALES['cpu'])}
+  crt = rows['~1M D=1 C=176']
+  assert crt['training_flops_per_token'] == 16_118_784  # tests/test_flop_match.py, by hand
+  assert crt['training_flop_ratio'] == 1 and (crt['k_unroll'], crt['k_min']) == (5, 2)
+  assert rows['~1M N=2 C=160']['training_flops_per_token'] == 6_144_000
+  wide = rows['~1M N=2 C=288 train-matched']
+  assert wide['matching'] == 'training FLOPs/token' and wide['matched']
+  assert abs(wide['training_flop_ratio'] - 1) <= 0.03
+  assert wide['arg'] == 'steps=1200,batch=16,seq_len=128,vocab=2048,size=t2_c288_h4'
+  steps = round(1200 * 16_118_784 / 6_144_000)  # 3148
+  long = rows[f'~1M N=2 C=160 {steps} steps']
+  assert long['arg'] == f'steps={steps},batch=16,seq_len=128,vocab=2048,size=t2_c160_h4'
+  assert long['training_flops_total_ratio'] == pytest.approx(1, abs=1e-3) and long['matched']
+  truncated = rows['~1M D=1 C=176 m=2']
+  assert truncated['arg'].endswith('size=d1_c176_h4,grad_iterations=2')
+  assert truncated['training_flops_per_token'] == 12_131_328 and truncated['grad_iterations'] == 2
+  assert not any(g.startswith('~4M') and r['matching'] != 'inference' for g, r in rows.items())
+  # Every table1 table has the training-FLOP columns, "not run yet" rows included.
+  lines, _ = repro_studies.table1_report([], repro_studies.SCALES['cpu'], '')
+  text = '\n'.join(lines)
+  assert text.count('training FLOPs/token (x D=1) | training FLOPs, total (x D=1)') == 2
+  assert '| ~1M N=2 C=288 train-matched | transformer, training FLOPs/token matched |' in text
+  assert f'({steps:,} steps)' in text and '16,118,784 (1.00x) | 3.96e13 (1.00x)' in text
+
+
+def test_the_committed_table1_records_still_match_their_runs():
+  """New groups must not change the commands of the groups already run (their records are kept
+  by committed_record only while the command is the same)."""
+  docs = os.path.join(ROOT, 'docs')
+  committed = repro_lib.committed_records('table1', docs)
+  runs = {r.name: r for r in repro_studies.table1_runs(repro_studies.SCALES['cpu'], 3)}
+  root = os.path.join(ROOT, 'workdirs', 'repro')
+  assert committed and set(committed) <= set(runs)
+  for name, record in committed.items():
+    kept = repro_lib.committed_record(runs[name], root, (), committed)
+    assert kept is not None, name
+    assert kept['training_flops_per_token'] > 0 and kept['final'] == record['final']
 
 
 def test_replace_section_keeps_the_rest(tmp_path):

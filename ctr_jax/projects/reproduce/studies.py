@@ -19,6 +19,7 @@ import numpy as np
 
 from ctr_jax import models
 from ctr_jax.models import flop_match
+from ctr_jax.projects import paths
 from ctr_jax.projects.reproduce import lib as repro_lib
 from ctr_jax.projects.reproduce.lib import Run, compare, fmt, mean_std
 
@@ -36,23 +37,24 @@ class Scale:
   widths: tuple          # the width study
   tokens_per_param: float
   context_lengths: tuple  # the context-length pair of the width study
+  compute_matched: tuple = ()  # table1 levels that also get the training-compute-matched rows
 
 
 SCALES = {
     'cpu': Scale(vocab=2048, steps=1200, batch=16, seq_len=128, heads=4,
                  levels=(('~1M', 965_000), ('~4M', 4_114_432)), base_width=144, widths=(64, 128, 256),
-                 tokens_per_param=2.0, context_lengths=(64, 256)),
+                 tokens_per_param=2.0, context_lengths=(64, 256), compute_matched=('~1M',)),
     # Seconds per run: what the tests use (the data_dir of the test fixtures has V = 320).
     'tiny': Scale(vocab=320, steps=4, batch=2, seq_len=16, heads=2, levels=(('tiny', 43_008),),
                   base_width=32, widths=(16, 32), tokens_per_param=0.002,
-                  context_lengths=(8, 16)),
+                  context_lengths=(8, 16), compute_matched=('tiny',)),
 }
 
 
 def recipe_arg(scale: Scale, **fields) -> str:
   """A configs/repro.py arg: the scale's shared recipe plus `fields`."""
-  values = dict(steps=scale.steps, batch=scale.batch, seq_len=scale.seq_len, vocab=scale.vocab,
-                **fields)
+  values = dict(steps=scale.steps, batch=scale.batch, seq_len=scale.seq_len, vocab=scale.vocab)
+  values.update(fields)
   return ','.join(f'{k}={v}' for k, v in values.items())
 
 
@@ -65,15 +67,21 @@ def _label(kind: str, depth: int, width: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# table1: context-ready D = 1, 2, 3 against FLOP-matched transformers of 2, 3, 4 and 6 layers.
+# table1: context-ready D = 1, 2, 3 against FLOP-matched transformers of 1, 2, 3, 4 and 6 layers;
+# at the scale's `compute_matched` levels also against transformers matched in training compute.
 # ------------------------------------------------------------------------------------------------
 
 TABLE1_CRT_DEPTHS = (1, 2, 3)
-TABLE1_TRANSFORMER_DEPTHS = (2, 3, 4, 6)
+TABLE1_TRANSFORMER_DEPTHS = (1, 2, 3, 4, 6)
+# The depth of the training-compute-matched transformers: that of the best inference-matched one
+# at ~1M in the runs before them (N = 2 C = 160, 3 seeds; N = 1 was added with them).
+TABLE1_BASELINE_DEPTH = 2
+TABLE1_GRAD_ITERATIONS = 2  # the compute-efficient CRT: backpropagate through the last m of K
 
 
 def table1_models(scale: Scale) -> list[dict]:
-  """Every model of the table1 study with its cost, the level target and their ratio."""
+  """Every inference-matched model of the table1 study with its cost, the level target and
+  their ratio."""
   out = []
   for level, target in scale.levels:
     for kind, depths in (('context_ready', TABLE1_CRT_DEPTHS),
@@ -87,52 +95,167 @@ def table1_models(scale: Scale) -> list[dict]:
   return out
 
 
+def run_config(arg: str, seed: int = 0):
+  """configs/repro.py's config for a recipe arg: what the run trains (K, k_min, m, steps...)."""
+  return paths.load_config_module('configs/repro.py').get_config(f'{arg},seed={seed}')
+
+
+def training_compute(arg: str) -> dict:
+  """Training FLOPs per token of the run `arg` trains (`flop_match.training_flops_per_token`,
+  at its K, k_min, grad_iterations and T) and in total (x steps x batch x T), with its K."""
+  c = run_config(arg)
+  crt = c.model.kind == 'context_ready'
+  per_token = flop_match.training_flops_per_token(
+      c.model, c.data.seq_len, k_min=c.train.k_min if crt else 0,
+      grad_iterations=c.train.grad_iterations if crt else 0)
+  tokens = c.total_steps * c.batch_size * c.data.seq_len
+  return {'training_flops_per_token': per_token, 'training_flops': per_token * tokens,
+          'steps': c.total_steps, 'k_unroll': c.model.k_unroll if crt else 0,
+          'k_min': c.train.k_min if crt else 0,
+          'grad_iterations': c.train.grad_iterations if crt else 0}
+
+
+def table1_rows(scale: Scale) -> list[dict]:
+  """Every table1 row: the inference-matched models (`matching` 'inference') and, at the
+  scale's `compute_matched` levels, against the level's D = 1 CRT:
+    'training FLOPs/token': an N = TABLE1_BASELINE_DEPTH transformer widened so its training
+      FLOPs per token are nearest the CRT's (same tokens);
+    'total training FLOPs': the inference-matched N = TABLE1_BASELINE_DEPTH transformer trained
+      for the CRT's total training FLOPs (steps x the ratio of training FLOPs per token; the
+      recipe scales warmup, schedule, evaluations and checkpoints with the steps);
+    'truncated gradients': the CRT itself backpropagating through the last
+      TABLE1_GRAD_ITERATIONS iterations only (K and k_min as the other CRTs).
+  Each row has its group, configs/repro.py arg, inference cost and its ratio to the level,
+  training FLOPs per token and in total, and both as ratios to the level's D = 1 CRT."""
+  rows = []
+  for m in table1_models(scale):
+    size = size_name(m['kind'], m['depth'], m['width'], scale.heads)
+    rows.append({**m, 'matching': 'inference', 'arg': recipe_arg(scale, size=size),
+                 'group': f"{m['level']} {_label(m['kind'], m['depth'], m['width'])}"})
+  for level, _ in scale.levels:
+    mine = [r for r in rows if r['level'] == level]
+    crt = next(r for r in mine if r['kind'] == 'context_ready' and r['depth'] == 1)
+    base = next(r for r in mine if r['kind'] == 'transformer'
+                and r['depth'] == TABLE1_BASELINE_DEPTH)
+    for r in mine:
+      r.update(training_compute(r['arg']))
+    if level in scale.compute_matched:
+      target = crt['training_flops_per_token']
+      n = TABLE1_BASELINE_DEPTH
+      width = flop_match.nearest_training_width(n, target, scale.vocab, scale.seq_len,
+                                                scale.heads)
+      steps = round(scale.steps * target / base['training_flops_per_token'])
+      crt_size = size_name('context_ready', 1, crt['width'], scale.heads)
+      for matching, depth, c, kind, group, arg in (
+          ('training FLOPs/token', n, width, 'transformer',
+           f'{level} {_label("transformer", n, width)} train-matched',
+           recipe_arg(scale, size=size_name('transformer', n, width, scale.heads))),
+          ('total training FLOPs', n, base['width'], 'transformer',
+           f"{base['group']} {steps} steps",
+           recipe_arg(scale, size=size_name('transformer', n, base['width'], scale.heads),
+                      steps=steps)),
+          ('truncated gradients', 1, crt['width'], 'context_ready',
+           f"{crt['group']} m={TABLE1_GRAD_ITERATIONS}",
+           recipe_arg(scale, size=crt_size, grad_iterations=TABLE1_GRAD_ITERATIONS))):
+        flops = flop_match.cost(kind, depth, c, scale.vocab)
+        row = {'level': level, 'kind': kind, 'depth': depth, 'width': c, 'matching': matching,
+               'group': group, 'arg': arg, 'flops_per_token': flops,
+               'target_flops_per_token': crt['target_flops_per_token'],
+               'ratio': flops / crt['target_flops_per_token'], **training_compute(arg)}
+        if matching == 'training FLOPs/token':
+          row['matched'] = abs(row['training_flops_per_token'] / target - 1) <= 0.03
+        elif matching == 'total training FLOPs':
+          row['matched'] = abs(row['training_flops'] / crt['training_flops'] - 1) <= 0.03
+        else:
+          row['matched'] = crt['matched']
+        rows.append(row)
+    for r in rows:
+      if r['level'] == level:
+        r['training_flop_ratio'] = r['training_flops_per_token'] / crt['training_flops_per_token']
+        r['training_flops_total_ratio'] = r['training_flops'] / crt['training_flops']
+  return rows
+
+
 def table1_runs(scale, seeds):
   runs = []
-  for m in table1_models(scale):
+  for m in table1_rows(scale):
     if not m['matched']:
       continue  # reported as unmatched in the table; never trained
-    size = size_name(m['kind'], m['depth'], m['width'], scale.heads)
+    # The run's info: the inference-matched rows' fields as before, plus the training compute.
+    info = {k: v for k, v in m.items() if k not in ('arg', 'group', 'steps')}
     for seed in range(seeds):
-      runs.append(Run('table1', f"{m['level']} {_label(m['kind'], m['depth'], m['width'])}",
-                      seed, recipe_arg(scale, size=size), info=tuple(sorted(m.items()))))
+      runs.append(Run('table1', m['group'], seed, m['arg'], info=tuple(sorted(info.items()))))
   return runs
 
 
+def _flops(x: float) -> str:
+  return f'{x:.2e}'.replace('e+', 'e')
+
+
+def _kind_text(m: dict, records: list[dict]) -> str:
+  if m['matching'] == 'inference':
+    return 'CRT' if m['kind'] == 'context_ready' else 'transformer'
+  if m['matching'] == 'training FLOPs/token':
+    return 'transformer, training FLOPs/token matched'
+  if m['matching'] == 'total training FLOPs':
+    epochs = [r['steps'] * r['config']['batch_size'] / r['train_windows'] for r in records
+              if r.get('train_windows')]
+    return (f"transformer, total training FLOPs matched ({m['steps']:,} steps"
+            + (f', {np.mean(epochs):.1f} epochs' if epochs else '') + ')')
+  return f"CRT, m = {m['grad_iterations']} of K"
+
+
 def table1_report(records, scale, figure):
+  rows = table1_rows(scale)
+  ref = next(m for m in rows if m['kind'] == 'context_ready' and m['depth'] == 1
+             and m['matching'] == 'inference')
+  draws = (f"K ~ U{{{ref['k_min']}..{ref['k_unroll']}}}" if ref['k_min']
+           else f"fixed K = {ref['k_unroll']}")
   lines = ['FLOPs/token is the paper\'s per-token inference cost (D·12C² + 8C² + VC against '
-           'N·12C² + VC, at this V); the models see the same tokens. Training compute is not '
-           'matched: the CRTs train with K ~ U{2..5} (configs/repro.py defaults), so each '
-           'training token passes their block 2-5 times (the wall-time column shows the cost).',
-           '']
+           'N·12C² + VC, at this V); the inference-matched models see the same tokens. Training '
+           f'compute is not matched among them: the CRTs train with {draws} (configs/repro.py '
+           'defaults), so each training token passes their unit and correction that many times. '
+           'Training FLOPs/token are counted as docs/benchmarks.md counts model FLOPs '
+           '(`flop_match.training_flops_per_token`: 3 x forward, forward = 2 x the matmul weights '
+           '+ 4TC per layer for attention, the CRT\'s unit and correction once per iteration, '
+           'the mean over the K drawn; with m < K backpropagated iterations, K forward and 2m '
+           'backward passes); "x D=1" is the ratio to the level\'s D = 1 CRT, the total is per '
+           'token x tokens trained. Rows after the inference-matched ones (where run) match the '
+           'D = 1 CRT\'s training compute instead: a wider transformer (training FLOPs/token), '
+           'the inference-matched transformer trained for more steps (total training FLOPs), '
+           'and the CRT with truncated gradients.', '']
   verdicts = []
   groups = repro_lib.by_group(records)
   for level, _ in scale.levels:
-    models = [m for m in table1_models(scale) if m['level'] == level]
+    models = [m for m in rows if m['level'] == level]
     lines += [f'### Cost level {level} FLOPs/token', '',
-              '| model | kind | FLOPs/token | ratio to level | params | val PPL (sequential for '
-              'CRTs) | val PPL parallel K | seeds | wall time / run |',
-              '|---|---|---|---|---|---|---|---|---|']
+              '| model | kind | FLOPs/token | ratio to level | training FLOPs/token (x D=1) | '
+              'training FLOPs, total (x D=1) | params | val PPL (sequential for CRTs) | val PPL '
+              'parallel K | seeds | wall time / run |',
+              '|---|---|---|---|---|---|---|---|---|---|---|']
     for m in models:
-      group = f"{level} {_label(m['kind'], m['depth'], m['width'])}"
+      group = m['group']
       rs = groups.get(group, [])
-      kind = 'CRT' if m['kind'] == 'context_ready' else 'transformer'
+      kind = _kind_text(m, rs)
+      train = (f"{m['training_flops_per_token']:,.0f} ({m['training_flop_ratio']:.2f}x) | "
+               f"{_flops(m['training_flops'])} ({m['training_flops_total_ratio']:.2f}x)")
       if not m['matched']:
-        lines.append(f"| {group} | {kind} | {m['flops_per_token']:,} | {m['ratio']:.3f} | - | "
-                     'not FLOP-matched within 3%: not trained | | | |')
+        lines.append(f"| {group} | {kind} | {m['flops_per_token']:,} | {m['ratio']:.3f} | "
+                     f'{train} | - | not matched within 3%: not trained | | | |')
         continue
       if not rs:
-        lines.append(f"| {group} | {kind} | {m['flops_per_token']:,} | {m['ratio']:.3f} | | "
-                     'not run yet | | 0 | |')
+        lines.append(f"| {group} | {kind} | {m['flops_per_token']:,} | {m['ratio']:.3f} | "
+                     f'{train} | | not run yet | | 0 | |')
         continue
       ppl = fmt(*mean_std(repro_lib.final_ppl(r) for r in rs))
       par = fmt(*mean_std(r['final']['val_ppl'] for r in rs))
       wall = np.mean([r['wall_time_seconds'] or 0 for r in rs]) / 60
-      lines.append(f"| {group} | {kind} | {m['flops_per_token']:,} | {m['ratio']:.3f} | "
+      lines.append(f"| {group} | {kind} | {m['flops_per_token']:,} | {m['ratio']:.3f} | {train} | "
                    f"{rs[0]['num_params']:,} | {ppl} | {par} | {len(rs)} | {wall:.1f} min |")
     lines.append('')
-    crts = [g for g in groups if g.startswith(f'{level} D=')]
-    transformers = [g for g in groups if g.startswith(f'{level} N=')]
+    inference = {m['group'] for m in models if m['matching'] == 'inference'}
+    crts = [g for g in groups if g in inference and g.startswith(f'{level} D=')]
+    transformers = [g for g in groups if g in inference and g.startswith(f'{level} N=')]
     if crts and transformers:
       best_t = min(transformers, key=lambda g: np.mean([repro_lib.final_ppl(r)
                                                         for r in groups[g]]))
@@ -146,6 +269,21 @@ def table1_report(records, scale, figure):
                  f'crossover at step {step}')
         verdicts.append(f"{g} vs the best transformer {best_t}: ΔPPL {delta} over {c['n']} "
                         f"seed(s): **{c['verdict']}**; validation curve {cross}")
+    crt1 = next(m['group'] for m in models if m['kind'] == 'context_ready' and m['depth'] == 1
+                and m['matching'] == 'inference')
+    for m in models:
+      if m['matching'] == 'inference' or m['group'] not in groups or crt1 not in groups:
+        continue
+      if m['kind'] == 'context_ready':
+        c = compare(groups[m['group']], groups[crt1], repro_lib.final_ppl)
+        verdicts.append(f"{m['group']} ({m['training_flop_ratio']:.2f}x the training FLOPs) vs "
+                        f"{crt1}: ΔPPL {fmt(c['delta_mean'], c['delta_std'])} over {c['n']} "
+                        f"seed(s) ({outcome_words(c, 'truncated')})")
+        continue
+      c = compare(groups[crt1], groups[m['group']], repro_lib.final_ppl)
+      verdicts.append(f"{crt1} vs {m['group']} (matched in {m['matching']}): ΔPPL "
+                      f"{fmt(c['delta_mean'], c['delta_std'])} over {c['n']} seed(s): "
+                      f"**{c['verdict']}**")
   if figure:
     _plot_curves(records, scale, figure)
     lines.append(f'![table1 curves](reproduction/{os.path.basename(figure)})')
@@ -171,6 +309,7 @@ def crossover_step(crt: list[dict], baseline: list[dict]) -> int | None:
 def _plot_curves(records, scale, path):
   matplotlib.use('Agg')
   groups = repro_lib.by_group(records)
+  inference = {m['group'] for m in table1_rows(scale) if m['matching'] == 'inference'}
   # Levels with no finished run get no panel (the table says "not run yet").
   levels = [level for level, _ in scale.levels
             if any(g.startswith(f'{level} ') for g in groups)] or [scale.levels[0][0]]
@@ -181,10 +320,11 @@ def _plot_curves(records, scale, path):
       steps = sorted({e['step'] for r in rs for e in r['evals']})
       ppl = [np.mean([math.exp(e['val_loss']) for r in rs for e in r['evals']
                       if e['step'] == s]) for s in steps]
-      style = '-' if ' D=' in g else '--'
-      ax.plot(steps, ppl, style, marker='o', ms=3, label=g.split(' ', 1)[1])
-    crts = [g for g in mine if ' D=' in g]
-    ts = [g for g in mine if ' N=' in g]
+      style = ('-' if ' D=' in g else '--') if g in inference else ':'
+      ax.plot(steps, ppl, style, marker='o' if g in inference else 's', ms=3,
+              label=g.split(' ', 1)[1])
+    crts = [g for g in mine if ' D=' in g and g in inference]
+    ts = [g for g in mine if ' N=' in g and g in inference]
     if crts and ts:
       best = lambda gs: min(gs, key=lambda g: np.mean([repro_lib.final_ppl(r) for r in mine[g]]))
       step = crossover_step(mine[best(crts)], mine[best(ts)])
