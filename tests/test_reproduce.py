@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from ctr_jax.projects.reproduce import lib as repro_lib
 from ctr_jax.projects.reproduce import registry as repro_registry
 from ctr_jax.projects.reproduce import studies as repro_studies
+from ctr_jax.projects.reproduce.lib import Run
 
 
 def _record(group, seed, ppl):
@@ -63,6 +64,13 @@ def test_table1_training_compute_matched_rows_at_1m():
   assert text.count('training FLOPs/token (x D=1) | training FLOPs, total (x D=1)') == 2
   assert '| ~1M N=2 C=288 train-matched | transformer, training FLOPs/token matched |' in text
   assert f'({steps:,} steps)' in text and '16,118,784 (1.00x) | 3.96e13 (1.00x)' in text
+  # Epochs from the record's corpus size: 3,148 x 16 sequences over 1,000 windows.
+  record = {**_committed(Run('table1', long['group'], 0, long['arg']), 'c'), 'steps': steps,
+            'config': {'batch_size': 16, 'total_steps': steps}, 'train_windows': 1000,
+            'num_params': 1}
+  lines, _ = repro_studies.table1_report([record], repro_studies.SCALES['cpu'], '')
+  text = '\n'.join(lines)
+  assert f'({steps:,} steps, 50.4 epochs)' in text and '50.37 epochs' in text
 
 
 def test_the_committed_table1_records_still_match_their_runs():

@@ -224,6 +224,13 @@ def table1_report(records, scale, figure):
            'D = 1 CRT\'s training compute instead: a wider transformer (training FLOPs/token), '
            'the inference-matched transformer trained for more steps (total training FLOPs), '
            'and the CRT with truncated gradients.', '']
+  windows = [r for r in records if r.get('train_windows')]
+  if windows:
+    r = windows[0]
+    lines[-1:] = [f"One epoch of the training split is {r['train_windows']:,} sequences of T + 1 "
+                  f"tokens: {r['steps']:,} steps of batch {r['config']['batch_size']} are "
+                  f"{r['steps'] * r['config']['batch_size'] / r['train_windows']:.2f} epochs "
+                  f"({r['group']}'s record).", '']
   verdicts = []
   groups = repro_lib.by_group(records)
   for level, _ in scale.levels:
