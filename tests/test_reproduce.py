@@ -145,14 +145,17 @@ def test_a_committed_record_counts_as_finished_without_its_workdir(tmp_path, mon
   stale = _committed(changed, ' '.join(changed.command(root, extra) + ['--config.optim.lr=0.5']))
   os.makedirs(os.path.join(docs, 'reproduction'))
   with open(os.path.join(docs, 'reproduction', 'k_min.json'), 'w') as f:
-    json.dump({'study': 'k_min', 'runs': [kept, stale]}, f)
+    json.dump({'study': 'k_min', 'runs': [kept, stale], 'machine': 'the old machine'}, f)
   launched = []
   monkeypatch.setattr(repro_lib, 'execute_logged',
                       lambda command, workdir: launched.append(workdir) or 1)
   report = repro_registry.run_study('k_min', scale, 1, root, docs, extra)
   assert sorted(launched) == sorted([runs['K=5 k_min=2'].workdir(root), changed.workdir(root)])
   with open(os.path.join(docs, 'reproduction', 'k_min.json')) as f:
-    assert json.load(f)['runs'] == [kept]
+    results = json.load(f)
+  # Its ledger does not name a machine: the old json's machine field goes with it.
+  assert results['runs'] == [{**kept, 'machine': 'the old machine'}]
+  assert results['machine'] != 'the old machine' and 'the old machine (1 run)' in report
   assert '1/3 runs finished' in report and '| K=2 fixed | 30.00 |' in report
 
 

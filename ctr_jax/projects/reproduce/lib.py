@@ -231,9 +231,23 @@ def train_windows(config: dict) -> int:
 
 
 def committed_records(study: str, docs: str) -> dict[str, dict]:
-  """The records of docs/reproduction/STUDY.json (as committed) by run name; {} if none."""
-  data = _read_json(os.path.join(docs, 'reproduction', f'{study}.json'))
-  return {r['name']: r for r in (data or {}).get('runs', []) if 'name' in r}
+  """The records of docs/reproduction/STUDY.json (as committed) by run name; {} if none.
+
+  A record whose ledger lines do not name their machine (written before they did) gets the
+  json's `machine` field, the machine its report ran on, as `machine`: a rewritten json names
+  the machine of the session that rewrites it."""
+  data = _read_json(os.path.join(docs, 'reproduction', f'{study}.json')) or {}
+  records = {r['name']: r for r in data.get('runs', []) if 'name' in r}
+  for r in records.values():
+    if data.get('machine') and not run_machine(r):
+      r['machine'] = data['machine']
+  return records
+
+
+def run_machine(record: dict) -> str | None:
+  """The machine a run's record says it ran on: its last launch's, else its `machine` field."""
+  machines = [i['machine'] for i in record.get('invocations', []) if i.get('machine')]
+  return machines[-1] if machines else record.get('machine')
 
 
 def _without_workdir(command: str) -> str:

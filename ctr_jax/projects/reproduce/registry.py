@@ -93,10 +93,18 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
   lines, verdicts = study.report(records, scale, figure)
   scale_text = (f'V = {scale.vocab}, T = {scale.seq_len}, batch {scale.batch}, '
                 f'{scale.steps} steps unless stated; {len(records)}/{len(runs)} runs finished.')
+  machines = {}
+  for record in records:
+    machine = repro_lib.run_machine(record) or 'not recorded'
+    machines[machine] = machines.get(machine, 0) + 1
+  machine_text = ('Machines (each run\'s ledger, or the json\'s machine field for runs recorded '
+                  'before the ledger named it): ' + '; '.join(
+                      f'{m} ({n} run{"s" if n > 1 else ""})' for m, n in machines.items()) + '.'
+                  if machines else '')
   body = [f'## {name}: {study.title} ({study.claims})', '',
           f'`python -m ctr_jax.projects.reproduce --study={name} --seeds={seeds}`'
           + ('' if scale is SCALES['cpu'] else f' (scale {next(k for k, v in SCALES.items() if v is scale)})')
-          + f'. Scale: {scale_text}', '', *lines, '',
+          + f'. Scale: {scale_text}' + (f' {machine_text}' if machine_text else ''), '', *lines, '',
           '**Verdict:** ' + ('; '.join(verdicts) if verdicts else 'no finished comparison yet.')]
   repro_lib.write_results(name, records, docs, {'machine': _machine()})
   repro_lib.replace_section(name, '\n'.join(body), docs)
