@@ -3,7 +3,7 @@
 #
 #   nohup taskset -c 1 bash launch/repro_issue42.sh > run_item1.log 2>&1 &
 #
-# One call of scripts/reproduce.py per group (--only matches group names by substring), in this
+# One call of python -m ctr_jax.projects.reproduce per group (--only matches group names by substring), in this
 # order, each training that group's missing seeds (--seeds=3); after each call the study's json,
 # figure and section of docs/reproduction.md are committed (COMMIT=0: not committed). Resumable:
 # run it again; finished runs are skipped (a finished workdir, or their record in the committed
@@ -21,8 +21,8 @@ ONLY=(
 )
 OUTPUTS=(docs/reproduction/table1.json docs/reproduction/table1.png docs/reproduction.md)
 for only in "${ONLY[@]}"; do
-  echo "=== $(date -u +%FT%TZ) scripts/reproduce.py --study=table1 --seeds=3 --only='$only'"
-  "$PYTHON" scripts/reproduce.py --study=table1 --seeds=3 --only="$only"
+  echo "=== $(date -u +%FT%TZ) python -m ctr_jax.projects.reproduce --study=table1 --seeds=3 --only='$only'"
+  "$PYTHON" -m ctr_jax.projects.reproduce --study=table1 --seeds=3 --only="$only"
   echo "=== $(date -u +%FT%TZ) exit code $?"
   if [ "$COMMIT" = 1 ] && ! git diff --quiet -- "${OUTPUTS[@]}"; then
     git commit -q -m "table1: the runs of group '$only' (launch/repro_issue42.sh; numbers in docs/reproduction/table1.json)" -- "${OUTPUTS[@]}"

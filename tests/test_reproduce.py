@@ -153,8 +153,11 @@ def test_a_committed_record_counts_as_finished_without_its_workdir(tmp_path, mon
   assert sorted(launched) == sorted([runs['K=5 k_min=2'].workdir(root), changed.workdir(root)])
   with open(os.path.join(docs, 'reproduction', 'k_min.json')) as f:
     results = json.load(f)
-  # Its ledger does not name a machine: the old json's machine field goes with it.
-  assert results['runs'] == [{**kept, 'machine': 'the old machine'}]
+  # Its ledger does not name a machine: the old json's machine field goes with it; and it
+  # carries today's command for the run.
+  assert results['runs'] == [{**kept, 'machine': 'the old machine',
+                              'rerun': ' '.join(same.command(root))}]
+  assert results['rerun'] == 'python -m ctr_jax.projects.reproduce --study=k_min --seeds=1'
   assert results['machine'] != 'the old machine' and 'the old machine (1 run)' in report
   assert '1/3 runs finished' in report and '| K=2 fixed | 30.00 |' in report
 

@@ -93,7 +93,8 @@ def k_eval_report(records, scale, figure):
   del scale
   keys = [f'K={k}' for k in K_EVAL] + ['sequential']
   lines = ['| evaluated at | ' + ' | '.join(keys) + ' |', '|---|' + '---|' * len(keys),
-           '| PPL (mean ± std over seeds) | ' + ' | '.join(
+           f"| PPL ({'mean ± std over' if len(records) > 1 else 'one run,'} {len(records)} "
+           f"seed{'s' if len(records) > 1 else ''}) | " + ' | '.join(
                fmt(*mean_std(r['post'][k] for r in records)) for k in keys) + ' |']
   verdicts = []
   if len(records) > 1:

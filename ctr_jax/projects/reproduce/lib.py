@@ -201,6 +201,8 @@ def collect(run: Run, root: str) -> dict | None:
   return {'study': run.study, 'group': run.group, 'seed': run.seed, 'name': run.name,
           # Every launch's command; they are identical, a resume is the same command again.
           'command': launches[-1]['command'] if launches else ' '.join(run.command(root)),
+          # Today's command for this run (the same unless the code moved since it ran).
+          'rerun': ' '.join(run.command(root)),
           'invocations': launches, 'config': config, 'steps': summary['step'],
           'tokens': summary['step'] * config['batch_size'] * config['data']['seq_len'],
           'wall_time_seconds': summary.get('wall_time_seconds'),
@@ -218,10 +220,8 @@ _TRAIN_WINDOWS = {}
 def train_windows(config: dict) -> int:
   """Training windows of T + 1 tokens in the run's training split (one epoch is this many
   sequences: the trainer's iterator reshuffles them each epoch)."""
-  from ctr_jax import config_lib  # pylint: disable=g-import-not-at-top
-  from ctr_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   data = config['data']
-  key = (data['name'], data['data_dir'] or config_lib.default_data_dir(), data['manual_dir'],
+  key = (data['name'], data['data_dir'] or pipeline.default_data_dir(), data['manual_dir'],
          config['model']['vocab_size'])
   if key not in _TRAIN_WINDOWS:
     dataset = pipeline.load(data['name'], data_dir=key[1], manual_dir=data['manual_dir'] or None,

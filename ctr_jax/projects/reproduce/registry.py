@@ -65,7 +65,7 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
     if not repro_lib.finished(run, root):
       record = repro_lib.committed_record(run, root, extra, committed)
       if record is not None and (study.evaluate is None or 'post' in record):
-        kept[run.name] = record
+        kept[run.name] = {**record, 'rerun': ' '.join(run.command(root))}
   if train:
     chosen = [r for r in runs if (not only or any(o in r.group for o in only))
               and r.name not in kept]
@@ -106,7 +106,8 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
           + ('' if scale is SCALES['cpu'] else f' (scale {next(k for k, v in SCALES.items() if v is scale)})')
           + f'. Scale: {scale_text}' + (f' {machine_text}' if machine_text else ''), '', *lines, '',
           '**Verdict:** ' + ('; '.join(verdicts) if verdicts else 'no finished comparison yet.')]
-  repro_lib.write_results(name, records, docs, {'machine': _machine()})
+  driver = f'python -m ctr_jax.projects.reproduce --study={name} --seeds={seeds}'
+  repro_lib.write_results(name, records, docs, {'machine': _machine(), 'rerun': driver})
   repro_lib.replace_section(name, '\n'.join(body), docs)
   return '\n'.join(body)
 

@@ -427,7 +427,10 @@ def simple_table(records, baseline: str | None, header: str):
            '|---|---|---|---|---|---|' + ('---|' if baseline else '')]
   verdicts = []
   for g, rs in groups.items():
-    ppl = fmt(*mean_std(repro_lib.final_ppl(r) for r in rs))
+    # A context-ready run without an exact scan (the cumulative ablation) has no sequential PPL.
+    no_scan = any(r.get('config', {}).get('model', {}).get('kind') == 'context_ready'
+                  and 'val_ppl_sequential' not in r['final'] for r in rs)
+    ppl = '– (no exact scan)' if no_scan else fmt(*mean_std(repro_lib.final_ppl(r) for r in rs))
     par = fmt(*mean_std(r['final']['val_ppl'] for r in rs))
     wall = np.mean([r['wall_time_seconds'] or 0 for r in rs]) / 60
     row = f'| {g} | {ppl} | {par} | {len(rs)} | {rs[0]["flops_per_token"]:,} | {wall:.1f} min |'
