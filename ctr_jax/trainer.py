@@ -83,14 +83,15 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
   # ----------------------------------------------------------------------------------------------
   # Workdir, processes, mesh.
   # ----------------------------------------------------------------------------------------------
-  workdir = prepare_workdir(config, workdir)
   process_index, process_count = jax.process_index(), jax.process_count()
   is_chief = process_index == 0
   mesh = sharding.make_mesh(config.mesh, devices)
+  if is_chief:  # the first line: which hardware the run got (a Colab GPU runtime may be a CPU)
+    print(platform_line(mesh), flush=True)
+  workdir = prepare_workdir(config, workdir)
   rules = tuple(tuple(r) for r in config.sharding_rules)
   if is_chief:
-    print(f'ctr_jax: {process_count} process(es), mesh {dict(mesh.shape)}, workdir {workdir}',
-          flush=True)
+    print(f'ctr_jax: {process_count} process(es), workdir {workdir}', flush=True)
 
   # ----------------------------------------------------------------------------------------------
   # Data.
@@ -279,6 +280,18 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
     metrics.write_json(workdir_lib.resolve(workdir) / summary_name, summary)
     metrics.plot_curves(workdir)
   return summary
+
+
+def platform_line(mesh: jax.sharding.Mesh) -> str:
+  """'ctr_jax: 8 x NVIDIA H100 80GB HBM3 (gpu), mesh data=1 fsdp=8 tensor=1': the devices of
+  `mesh` (all processes') by kind, their platform and the mesh's axis sizes."""
+  devices = list(mesh.devices.flat)
+  kinds = {}
+  for d in devices:
+    kinds[d.device_kind] = kinds.get(d.device_kind, 0) + 1
+  what = ' + '.join(f'{n} x {kind}' for kind, n in kinds.items())
+  axes = ' '.join(f'{name}={size}' for name, size in mesh.shape.items())
+  return f'ctr_jax: {what} ({devices[0].platform}), mesh {axes}'
 
 
 # What make_train_step adds to the loss's metrics (logged under these names).

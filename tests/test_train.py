@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ctr_jax import models, tasks, trainer
-from ctr_jax.training import checkpointing, train_step
+from ctr_jax.training import checkpointing, sharding, train_step
 from helpers import run_main, snapshot, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,10 +24,15 @@ def train_losses(workdir):
   return {r['step']: r['train_loss'] for r in rows if 'train_loss' in r}
 
 
-def test_train_evaluate_generate_end_to_end(data_dir, tmp_path):
+def test_train_evaluate_generate_end_to_end(data_dir, tmp_path, capsys):
   workdir = str(tmp_path / 'run')
   full = {'train.k_min': 2, 'eval_sequential': True, 'sample.num_tokens': 4}
   summary = trainer.train_and_evaluate(tiny_train_config(data_dir, **full), workdir)
+  # The first line names the hardware and the mesh (8 fake CPU devices, mesh.data=-1 takes all).
+  first, second = capsys.readouterr().out.splitlines()[:2]
+  n, device = len(jax.devices()), jax.devices()[0]
+  assert first == f'ctr_jax: {n} x {device.device_kind} (cpu), mesh data={n} fsdp=1 tensor=1'
+  assert second.startswith('ctr_jax: 1 process(es), workdir '), second
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'tensorboard'):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
@@ -215,6 +220,9 @@ def test_unwritable_workdir_and_incompatible_checkpoint(data_dir, tmp_path):
   ok = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=2',
                   '--config.checkpoint_every=2'])
   assert ok.returncode == 0, ok.stderr[-3000:]
+  # As a user sees it on one CPU device (run_main): the platform line first.
+  kind = jax.devices()[0].device_kind
+  assert ok.stdout.splitlines()[0] == f'ctr_jax: 1 x {kind} (cpu), mesh data=1 fsdp=1 tensor=1'
   before = snapshot(workdir)
   clash = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.model.width=64'])
   assert clash.returncode != 0 and 'Traceback' not in clash.stderr
@@ -312,3 +320,10 @@ def test_init_from_converts_or_continues_a_transformer_exactly(data_dir, tmp_pat
   other.model = models.model_config(kind='transformer', **{**shape, 'width': 64})
   with pytest.raises(trainer.UserError, match='init_from'):
     trainer.train_and_evaluate(other, str(tmp_path / 'other'))
+
+
+def test_platform_line_counts_devices_by_kind_and_names_the_mesh():
+  mesh = sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2}, jax.devices()[:8])
+  kind = jax.devices()[0].device_kind
+  assert trainer.platform_line(mesh) == (
+      f'ctr_jax: 8 x {kind} ({jax.devices()[0].platform}), mesh data=2 fsdp=2 tensor=2')
