@@ -86,10 +86,12 @@ def get_base() -> ml_collections.ConfigDict:
   c.sharding_rules = [list(r) for r in sharding.DEFAULT_RULES]
 
   c.distributed = ml_collections.ConfigDict()
-  c.distributed.auto = True      # initialise automatically under SLURM / on a TPU pod
+  c.distributed.auto = True      # initialise through JAX's own cluster detection (SLURM srun,
+                                 # Open MPI, TPU pod slices on GCE and GKE) when the cluster has
+                                 # more than one process (ctr_jax/training/distributed.py)
   c.distributed.coordinator_address = ''  # e.g. '10.0.0.1:1234' to initialise explicitly
-  c.distributed.num_processes = 1
-  c.distributed.process_id = 0
+  c.distributed.num_processes = -1  # -1: from the detected cluster; >= 1 overrides it
+  c.distributed.process_id = -1     # -1: from the detected cluster; >= 0 overrides it
   return c
 
 
@@ -177,6 +179,15 @@ def validate(config) -> None:
          'keep_checkpoints', f'must be an integer >= 1, got {config.keep_checkpoints!r}')
   _check(config.get('strict_resume', False) in (True, False), 'strict_resume',
          f"got {config.get('strict_resume')!r}, allowed [True, False]")
+  dist = config.distributed
+  _check(isinstance(dist.num_processes, int) and (dist.num_processes == -1
+                                                 or dist.num_processes >= 1),
+         'distributed.num_processes', f'must be -1 (from the cluster) or >= 1, got '
+         f'{dist.num_processes!r}')
+  _check(isinstance(dist.process_id, int) and dist.process_id >= -1
+         and (dist.num_processes == -1 or dist.process_id < dist.num_processes),
+         'distributed.process_id', f'must be -1 (from the cluster) or in [0, num_processes), got '
+         f'{dist.process_id!r}')
 
 
 def check_moved_overrides(argv) -> None:

@@ -27,7 +27,7 @@ def main(argv):
   if not any(a.startswith(('--verbosity', '-v')) for a in sys.argv[1:]):
     logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, grain) drown the progress bar
   try:
-    distributed.maybe_initialize(FLAGS.config.distributed)
+    distributed.maybe_initialize(FLAGS.config.distributed, FLAGS.config.job)
     logging.info('JAX process %d/%d, devices: %s', jax.process_index(), jax.process_count(),
                  jax.devices())
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
