@@ -24,26 +24,8 @@ def model_config(fields: dict):
   return models.model_config(**dict(fields))
 
 
-def training_flops_per_token(spec, seq_len: int, k_unroll: int,
-                             grad_iterations: int = 0) -> float:
-  """Model FLOPs per trained token (forward + backward = 3x forward, no rematerialisation).
-
-  Forward per token: 2 x the matmul weights each token passes through, plus causal attention
-  counted as 4 T C per layer (scores and weighted sum over all T keys, the usual MFU
-  convention). A context-ready model runs its D-layer unit and its correction K times forward
-  and backpropagates through the last m of them (`grad_iterations`; 0 = all K): (K + 2m) unit
-  passes, the embedding and head 3 times.
-  """
-  s = models.spec_of(spec)
-  c = s.width
-  layer = 2 * (4 * c * c + 2 * c * s.mlp_dim) + 4 * seq_len * c
-  head = 2 * s.vocab_size * c
-  if not s.is_context_ready:
-    return 3 * (s.depth * layer + head)
-  inference = models.flops_per_token(s)  # D*12C^2 + correction + V*C (weights only)
-  correction = inference - s.depth * (4 * c * c + 2 * c * s.mlp_dim) - s.vocab_size * c
-  m = grad_iterations if 0 < grad_iterations < k_unroll else k_unroll
-  return (k_unroll + 2 * m) * (s.depth * layer + 2 * correction) + 3 * head
+# Model FLOPs per trained token (the MFU numerator); the trainer's metrics count them the same way.
+training_flops_per_token = models.training_flops_per_token
 
 
 def train_step_and_state(fields: dict, *, seq_len: int, batch: int, k_unroll: int,

@@ -33,7 +33,7 @@ __all__ = [
     'SIZES', 'ModelSpec', 'decode_size', 'default_model_config', 'model_config',
     'validate', 'ContextReadyLM', 'TransformerLM',
     'DecodeState', 'fixed_point_unroll', 'shift_right', 'build', 'spec_of', 'count_params',
-    'flops_per_token',
+    'flops_per_token', 'training_flops_per_token',
 ]
 
 
@@ -70,3 +70,25 @@ def flops_per_token(cfg) -> int:
         c * s.mlp_dim)
   return total
 
+
+
+def training_flops_per_token(cfg, seq_len: int, k_unroll: int, grad_iterations: int = 0) -> float:
+  """Model FLOPs per trained token (forward + backward = 3x forward, no rematerialisation): the
+  numerator of MFU, in the benchmarks and in the trainer's metrics.
+
+  Forward per token: 2 x the matmul weights each token passes through, plus causal attention
+  counted as 4 T C per layer (scores and weighted sum over all T keys, the usual MFU
+  convention). A context-ready model runs its D-layer unit and its correction K times forward
+  and backpropagates through the last m of them (`grad_iterations`; 0 = all K): (K + 2m) unit
+  passes, the embedding and head 3 times.
+  """
+  s = spec_of(cfg)
+  c = s.width
+  layer = 2 * (4 * c * c + 2 * c * s.mlp_dim) + 4 * seq_len * c
+  head = 2 * s.vocab_size * c
+  if not s.is_context_ready:
+    return 3 * (s.depth * layer + head)
+  inference = flops_per_token(s)  # D*12C^2 + correction + V*C (weights only)
+  correction = inference - s.depth * (4 * c * c + 2 * c * s.mlp_dim) - s.vocab_size * c
+  m = grad_iterations if 0 < grad_iterations < k_unroll else k_unroll
+  return (k_unroll + 2 * m) * (s.depth * layer + 2 * correction) + 3 * head
