@@ -8,7 +8,9 @@ backend-specific trick never sits in the layer code:
                    backward (`bf16_product`); on XLA:CPU a product of 2-32 float32 rows is
                    computed weight-first (`few_rows_product`, the small-batch decode form).
   rotation_table   the sin/cos table, materialised on XLA:CPU (`rotation_table`).
-  attention        the batched masked softmax attention with a hand-written backward pass.
+  attention        the batched masked softmax attention: on XLA:CPU a hand-written backward
+                   pass (`softmax_attention`), elsewhere jax.nn.dot_product_attention, cuDNN's
+                   fused kernel where the shapes allow (`attention_implementation`).
 
 Each choice is exact: the alternatives compute the same numbers (tests/test_models.py,
 tests/test_attention.py), only their speed differs (docs/benchmarks.md).
@@ -125,6 +127,102 @@ def rotation_table(table: jax.Array) -> jax.Array:
   return jnp.matmul(table, eye, precision=jax.lax.Precision.HIGHEST)
 
 
+# Which attention computes `attention`: 'cpu' the hand-written kernel (`softmax_attention`),
+# 'xla' / 'cudnn' jax.nn.dot_product_attention's implementations (`library_attention`).
+ATTENTION_IMPLEMENTATIONS = ('cpu', 'xla', 'cudnn')
+
+# cuDNN's fused (flash) attention, as JAX gates it (jax/_src/cudnn/fused_attention_stablehlo.py,
+# `check_layout` and `check_is_flash_attention`; cuDNN's support matrix:
+# https://docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/Attention.html):
+# float16 / bfloat16 only; the head dim a multiple of 8 and at most 128 before Hopper, 256 from
+# Hopper (compute capability 9.0) on; with a mask (passed on as a bias) in training, even query
+# and key lengths. A head dim off the multiple is zero-padded (`CUDNN_HEAD_DIM_MULTIPLE`).
+CUDNN_DTYPES = ('bfloat16', 'float16')
+CUDNN_HEAD_DIM_MULTIPLE = 8
+
+
+def cudnn_max_head_dim(compute_capability: str) -> int:
+  """The largest head dim JAX sends to cuDNN's fused attention on a GPU of this capability."""
+  major = int(str(compute_capability).split('.')[0])
+  return 256 if major >= 9 else 128
+
+
+def padded_head_dim(head_dim: int) -> int:
+  """The head dim cuDNN attention runs at: the next multiple of `CUDNN_HEAD_DIM_MULTIPLE`."""
+  return -(-head_dim // CUDNN_HEAD_DIM_MULTIPLE) * CUDNN_HEAD_DIM_MULTIPLE
+
+
+def cudnn_fits(dtype, queries: int, keys: int, head_dim: int, max_head_dim: int) -> bool:
+  """Whether cuDNN's fused attention takes these shapes (the head dim padded to a multiple
+  of 8 first)."""
+  return (jnp.dtype(dtype).name in CUDNN_DTYPES and padded_head_dim(head_dim) <= max_head_dim
+          and queries % 2 == 0 and keys % 2 == 0)
+
+
+def _cuda_capability() -> str | None:
+  """The first device's compute capability on a CUDA GPU backend, else None."""
+  if jax.default_backend() != 'gpu':
+    return None
+  device = jax.devices()[0]
+  if 'cuda' not in str(getattr(device.client, 'platform_version', '')).lower():
+    return None  # ROCm: no cuDNN
+  return getattr(device, 'compute_capability', None)
+
+
+def attention_implementation(q, k) -> str:
+  """The attention `attention` runs for q [N, Q, Dh], k [N, S, Dh] on the default backend: the
+  hand-written kernel on XLA:CPU, cuDNN's fused kernel on a CUDA GPU where the shapes allow, XLA's
+  jax.nn.dot_product_attention otherwise (TPU, ROCm, float32)."""
+  if on_cpu():
+    return 'cpu'
+  capability = _cuda_capability()
+  if capability is not None and cudnn_fits(q.dtype, q.shape[1], k.shape[1], q.shape[-1],
+                                           cudnn_max_head_dim(capability)):
+    return 'cudnn'
+  return 'xla'
+
+
+def attention(q, k, v, mask, scale: float, implementation: str | None = None) -> jax.Array:
+  """softmax(scale q k^T, masked) v for q [N, Q, Dh], k/v [N, S, Dh], mask [N, Q, S] -> [N, Q, Dh].
+
+  `implementation` (one of ATTENTION_IMPLEMENTATIONS; None: `attention_implementation`'s choice
+  for this backend) only changes how it is computed: the values are the same up to rounding
+  (tests/test_attention.py). Scores and softmax in float32 for low-precision inputs.
+  """
+  implementation = implementation or attention_implementation(q, k)
+  if implementation == 'cpu':
+    return softmax_attention(q, k, v, mask, scale)
+  if implementation == 'cudnn':
+    try:
+      return library_attention(q, k, v, mask, scale, 'cudnn',
+                               head_dim_multiple=CUDNN_HEAD_DIM_MULTIPLE)
+    except NotImplementedError:  # a cuDNN version or GPU rule the static check does not know
+      implementation = 'xla'
+  if implementation != 'xla':
+    raise ValueError(f'attention implementation {implementation!r}: allowed '
+                     f'{list(ATTENTION_IMPLEMENTATIONS)}')
+  return library_attention(q, k, v, mask, scale, 'xla')
+
+
+def library_attention(q, k, v, mask, scale: float, implementation: str,
+                      head_dim_multiple: int = 1) -> jax.Array:
+  """`attention` by jax.nn.dot_product_attention ('xla' or 'cudnn').
+
+  The merged axis N = B*G becomes its batch axis with one head ([N, Q, 1, Dh]: the same
+  products, no copy), the mask its [N, 1, Q, S] mask. q, k and v are zero-padded to a head dim
+  that is a multiple of `head_dim_multiple` (exact: zero columns add nothing to q k^T, and the
+  output's padded columns are dropped); the scale stays the caller's.
+  """
+  dh = q.shape[-1]
+  pad = -dh % head_dim_multiple
+  if pad:
+    q, k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad))) for x in (q, k, v))
+  out = jax.nn.dot_product_attention(q[:, :, None], k[:, :, None], v[:, :, None],
+                                     mask=mask[:, None], scale=scale,
+                                     implementation=implementation)
+  return out[:, :, 0, :dh].astype(q.dtype)
+
+
 def _attention_probs(scaled_q, k, mask):
   acc = accumulation_dtype(scaled_q.dtype)
   logits = jnp.einsum('nqd,nkd->nqk', scaled_q, k, preferred_element_type=acc)
@@ -133,12 +231,10 @@ def _attention_probs(scaled_q, k, mask):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def attention(q, k, v, mask, scale):
-  """softmax(scale q k^T, masked) v for q [N, Q, Dh], k/v [N, S, Dh], mask [N, Q, S] -> [N, Q, Dh].
-
-  Scores and softmax in float32 for low-precision inputs. The hand-written backward pass reuses
-  the saved probabilities and takes the softmax correction from rowsum(dO * O); it beats
-  autodiff on XLA:CPU (docs/benchmarks.md).
+def softmax_attention(q, k, v, mask, scale):
+  """`attention` as XLA:CPU runs it fastest: scores and softmax in float32 for low-precision
+  inputs, and a hand-written backward pass that reuses the saved probabilities and takes the
+  softmax correction from rowsum(dO * O); it beats autodiff on XLA:CPU (docs/benchmarks.md).
   """
   return _attention_forward(q, k, v, mask, scale)[0]
 
@@ -172,4 +268,4 @@ def _attention_backward(scale, residuals, d_out):
   return ((dq * scale).astype(scaled_q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), d_mask)
 
 
-attention.defvjp(_attention_forward, _attention_backward)
+softmax_attention.defvjp(_attention_forward, _attention_backward)
