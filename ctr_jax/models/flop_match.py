@@ -58,22 +58,14 @@ def training_flops_per_token(cfg, seq_len: int, *, k_min: int = 0,
   stop_gradient'ed parameters): forward K passes, backward 2 m passes, so (K + 2 m) passes and
   the head 3 times. Random depth (`k_min` > 0: K ~ U{k_min..K} per batch) gives the mean over
   the draw: (k_min + K) / 2 forward passes and 2 x the mean of min(m, K) backward. A transformer
-  is 3 x (N layers + head). Also `ctr_jax.bench.suite.training_flops_per_token` at fixed K.
+  is 3 x (N layers + head). The mean over the draw of `models.training_flops_per_token` (fixed K).
   """
   s = models.spec_of(cfg)
-  c = s.width
-  weights = 4 * c * c + 2 * c * s.mlp_dim  # 12C^2 per layer (matmul weights)
-  layer = 2 * weights + 4 * seq_len * c
-  head = 2 * s.vocab_size * c
   if not s.is_context_ready:
-    return float(3 * (s.depth * layer + head))
-  correction = 2 * (models.flops_per_token(s) - s.depth * weights - s.vocab_size * c)
-  unit = s.depth * layer + correction  # one iteration: the unit and the correction
+    return float(models.training_flops_per_token(s, seq_len, 1))
   draws = range(k_min, s.k_unroll + 1) if k_min > 0 else (s.k_unroll,)
-  m = grad_iterations
-  forward = sum(draws) / len(draws)
-  backward = 2 * sum(min(m, k) if m > 0 else k for k in draws) / len(draws)
-  return (forward + backward) * unit + 3 * head
+  return sum(models.training_flops_per_token(s, seq_len, k, grad_iterations)
+             for k in draws) / len(draws)
 
 
 def training_cost(kind: str, depth: int, width: int, vocab_size: int, seq_len: int, *,
