@@ -21,6 +21,7 @@ from ctr_jax import models, tasks
 from ctr_jax.training import compat, optim, sharding, train_step
 
 JOBS = ('train', 'evaluate', 'generate', 'prepare')
+PRECISIONS = ('auto', 'float32', 'bfloat16')
 
 
 def get_base() -> ml_collections.ConfigDict:
@@ -28,6 +29,9 @@ def get_base() -> ml_collections.ConfigDict:
   c.job = 'train'                # 'train' (train and evaluate) | 'evaluate' | 'generate' |
                                  # 'prepare' (only build the dataset, tokenizer and token cache)
   c.seed = 0
+  c.precision = 'auto'           # the model's compute dtype (resolve_precision): 'auto' = bfloat16
+                                 # on GPU/TPU, float32 on CPU | 'float32' | 'bfloat16'; parameters,
+                                 # optimiser state, softmax, norms and loss stay float32
   c.model = models.model_config()  # see ctr_jax/models/config.py for the model fields
 
   # The training recipe (ctr_jax/training/train_step.py): how batches are trained, not what the model is,
@@ -155,6 +159,8 @@ def _check(ok, field, message):
 def validate(config) -> None:
   """Checks a whole experiment config before anything touches the workdir."""
   _check(config.job in JOBS, 'job', f'got {config.job!r}, allowed {list(JOBS)}')
+  _check(config.get('precision', 'auto') in PRECISIONS, 'precision',
+         f"got {config.get('precision')!r}, allowed {list(PRECISIONS)}")
   models.validate(config.model)
   train_step.validate(config.train, config.model)
   tasks.validate_config(config)  # data.name, and the fields of that task
@@ -188,6 +194,40 @@ def validate(config) -> None:
          and (dist.num_processes == -1 or dist.process_id < dist.num_processes),
          'distributed.process_id', f'must be -1 (from the cluster) or in [0, num_processes), got '
          f'{dist.process_id!r}')
+
+
+def resolve_precision(config, platform: str) -> str:
+  """The model's compute dtype for `config.precision` on a device `platform` ('cpu', 'gpu',
+  'tpu', as `jax.Device.platform`): the one place the precision is decided.
+
+  'auto' is bfloat16 on an accelerator and float32 on a CPU (so every CPU number stays as it
+  was); 'float32' and 'bfloat16' are that everywhere. Only the compute dtype (`model.dtype`)
+  changes: parameters keep `model.param_dtype` (float32), and so do the gradients and AdamW's
+  state. In bfloat16 the numerically delicate parts already run in float32: attention scores
+  and softmax (`ops.kernels.attention`, `models.attention`: float32 accumulation), LayerNorm
+  and RMSNorm statistics (`models.layer_norm`, `layers.rms_normalize`), the log-softmax and
+  cross-entropy (`lm.logits` casts the head's output to float32, and
+  `tasks.losses.next_token_loss` computes in float32) and the convergence term's mean square
+  (`lm`). The matrix products take bfloat16 operands and accumulate in float32
+  (`ops.kernels.bf16_product`); their outputs, the residual stream included, are bfloat16.
+
+  A `model.dtype` other than its default 'float32' (a config asking for bfloat16, float16 or
+  float64 itself) wins over `config.precision`; with 'float32' there, the precision decides.
+  """
+  if config.model.dtype != 'float32':
+    return config.model.dtype
+  precision = config.get('precision', 'auto')
+  if precision == 'auto':
+    return 'float32' if platform == 'cpu' else 'bfloat16'
+  return precision
+
+
+def model_config_for(config, platform: str) -> ml_collections.ConfigDict:
+  """A copy of `config.model` whose `dtype` is `resolve_precision(config, platform)`; the config
+  itself (what checkpoints record and resumes compare) is left as given."""
+  model = config.model.copy_and_resolve_references()
+  model.dtype = resolve_precision(config, platform)
+  return model
 
 
 def check_moved_overrides(argv) -> None:

@@ -86,12 +86,16 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
   process_index, process_count = jax.process_index(), jax.process_count()
   is_chief = process_index == 0
   mesh = sharding.make_mesh(config.mesh, devices)
+  platform = mesh.devices.flat[0].platform
+  model_config = config_lib.model_config_for(config, platform)  # the compute dtype resolved
   if is_chief:  # the first line: which hardware the run got (a Colab GPU runtime may be a CPU)
     print(platform_line(mesh), flush=True)
   workdir = prepare_workdir(config, workdir)
   rules = tuple(tuple(r) for r in config.sharding_rules)
   if is_chief:
-    print(f'ctr_jax: {process_count} process(es), workdir {workdir}', flush=True)
+    print(f'ctr_jax: {process_count} process(es), precision {config.get("precision", "auto")}: '
+          f'{model_config.dtype} compute, {model_config.param_dtype} parameters, '
+          f'workdir {workdir}', flush=True)
 
   # ----------------------------------------------------------------------------------------------
   # Data.
@@ -109,7 +113,7 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
   # ----------------------------------------------------------------------------------------------
   # Model, optimizer and the sharded train state (shapes first: nothing full-size on one device).
   # ----------------------------------------------------------------------------------------------
-  model = models.build(config.model)
+  model = models.build(model_config)
   tx = optim.make_optimizer(config.optim, config.total_steps)
   dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
 

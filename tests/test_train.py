@@ -32,7 +32,8 @@ def test_train_evaluate_generate_end_to_end(data_dir, tmp_path, capsys):
   first, second = capsys.readouterr().out.splitlines()[:2]
   n, device = len(jax.devices()), jax.devices()[0]
   assert first == f'ctr_jax: {n} x {device.device_kind} (cpu), mesh data={n} fsdp=1 tensor=1'
-  assert second.startswith('ctr_jax: 1 process(es), workdir '), second
+  assert second.startswith('ctr_jax: 1 process(es), precision auto: float32 compute, float32 '
+                           'parameters, workdir '), second
   for name in ('config.json', 'metrics.jsonl', 'summary.json', 'curves.png', 'tensorboard'):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
