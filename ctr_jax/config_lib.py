@@ -41,7 +41,10 @@ def get_base() -> ml_collections.ConfigDict:
                                  # through the exact sequential forward; context-ready only)
   c.train.k_min = 0              # >0: K ~ Uniform{k_min..model.k_unroll} per batch; 0 = fixed K
   c.train.convergence_weight = 0.1  # lambda of MSE(e + c^(K), stopgrad(e + c^(K-1))) (unroll)
-  c.train.remat = False          # rematerialise each fixed-point iteration (unroll)
+  # What the backward pass recomputes instead of storing (unroll): 'none' | 'iteration' (each
+  # fixed-point iteration) | 'layer' (each block) | 'matmuls' (each block, its weight products
+  # kept); True / False (older configs) = 'iteration' / 'none'.
+  c.train.remat = ml_collections.FieldReference('none', field_type=object)
   c.train.grad_iterations = 0    # >0: backpropagate through the last m of the K iterations only
 
   c.data = ml_collections.ConfigDict()

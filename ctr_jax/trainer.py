@@ -11,6 +11,7 @@ What a crash, a full disk, a damaged checkpoint or a second run on the same work
 docs/reliability.md (ctr_jax/training/workdir.py and ctr_jax/training/checkpointing.py).
 """
 
+import dataclasses
 import functools
 import json
 import signal
@@ -43,7 +44,8 @@ def prepare_workdir(config, workdir: str) -> str:
     defaults = json.loads(json.dumps(compat.LEGACY_DEFAULTS))  # as JSON stores them
     saved, moved = compat.split_moved_fields(meta.get('config', {}).get('model', {}))
     saved = {**defaults, **saved}
-    _note_recipe_change(workdir, moved, json.loads(config.train.to_json()))
+    _note_recipe_change(workdir, moved, dataclasses.asdict(
+        train_step.Recipe.from_config(config.train)))  # remat by name (True -> 'iteration')
     current = json.loads(config.model.to_json())
     diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     if diff:

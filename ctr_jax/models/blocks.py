@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from ctr_jax.models.attention import Attention, Cache
 from ctr_jax.models.config import ModelSpec
 from ctr_jax.models.layers import GatedMlp, Mlp, MoeMlp, activation_name, compute_dtype, norm
+from ctr_jax.ops.recurrence import SAVE_MATMULS
 
 # ------------------------------------------------------------------------------------------------
 # Block families.
@@ -198,15 +199,31 @@ class BlockStack(nn.Module):
     self.layers = [cls(self.spec, layer_index=i, name=f'block_{i}')
                    for i in range(self.spec.depth)]
 
-  def __call__(self, x, positions, caches=None, cache_index=None, deterministic=True):
-    """x [B, T, C] -> ([B, T, C], per-layer caches or None)."""
+  def __call__(self, x, positions, caches=None, cache_index=None, deterministic=True,
+               remat: str = 'none'):
+    """x [B, T, C] -> ([B, T, C], per-layer caches or None).
+
+    `remat` 'layer' recomputes each block from its input in the backward pass, 'matmuls' too
+    but keeps its weight products (`ctr_jax.ops.recurrence.REMAT`); any other value, or caches
+    (decoding), stores everything.
+    """
     new_caches = []
     for i, layer in enumerate(self.layers):
       x = nn.with_logical_constraint(x, ('act_batch', 'act_length', 'act_embed'))
-      x, cache = layer(x, positions, None if caches is None else caches[i], cache_index,
-                       deterministic)
+      if caches is None and remat in ('layer', 'matmuls'):
+        x, cache = _rematerialised(remat, deterministic)(layer, x, positions)
+      else:
+        x, cache = layer(x, positions, None if caches is None else caches[i], cache_index,
+                         deterministic)
       new_caches.append(cache)
     return x, (None if caches is None else tuple(new_caches))
+
+
+def _rematerialised(remat: str, deterministic: bool):
+  """`(block, x, positions) -> block(x, positions)` recomputed in the backward pass."""
+  def run(block, x, positions):
+    return block(x, positions, None, None, deterministic)
+  return nn.remat(run, policy=SAVE_MATMULS if remat == 'matmuls' else None)
 
 
 def init_cache(spec: ModelSpec, batch_size: int, length: int, dtype=None) -> tuple[Cache, ...]:

@@ -4,8 +4,10 @@ One `__call__` serves every mode:
   model.apply(v, tokens)                          -> logits [B, T, V]        (training / eval)
   model.apply(v, tokens, return_aux=True)         -> (logits, aux)           (losses, diagnostics)
   model.apply(v, tokens, decode_state=state)      -> (logits, new_state)     (prefill / step decode)
-`k_unroll` sets K and `remat` rematerialises each iteration of the context-ready parallel
-forward; the transformer ignores both.
+`k_unroll` sets K (the transformer ignores it) and `remat` names what the backward pass of the
+parallel forward recomputes instead of storing: 'none', 'iteration' (each fixed-point iteration),
+'layer' (each block), 'matmuls' (each block but its weight products); `ctr_jax.ops.recurrence.REMAT`.
+True and False mean 'iteration' and 'none'.
 
 The stages are methods, so code outside the forward runs them by name, e.g.
 `model.apply(v, c, e, positions, method='iterate')` (ctr_jax.inference.decode.parallel_prefill and
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 
 from ctr_jax.models import blocks, families, layers
 from ctr_jax.models.config import ModelSpec
-from ctr_jax.ops.recurrence import DecodeState, fixed_point_unroll, shift_right
+from ctr_jax.ops.recurrence import DecodeState, fixed_point_unroll, remat_name, shift_right
 
 
 class _LanguageModelBase(nn.Module):
@@ -98,12 +100,15 @@ class TransformerLM(_LanguageModelBase):
   def setup(self):
     self.setup_common()
 
-  def __call__(self, tokens, *, k_unroll=None, remat: bool = False,
+  def __call__(self, tokens, *, k_unroll=None, remat: str | bool = 'none',
                decode_state: DecodeState | None = None, deterministic: bool = True,
                return_aux: bool = False, positions=None):
     """`positions` ([T] or [B, T], default 0..T-1) runs `tokens` alone at those absolute
-    positions (e.g. a query without its context); decode states bring their own."""
-    del k_unroll, remat  # A transformer has no unroll.
+    positions (e.g. a query without its context); decode states bring their own. A
+    transformer has no unroll: 'iteration' remat changes nothing, 'layer' and 'matmuls' apply
+    to its blocks."""
+    del k_unroll
+    remat = remat_name(remat)
     t = tokens.shape[1]
     if decode_state is not None:
       positions = decode_state.index + jnp.arange(t)
@@ -114,7 +119,7 @@ class TransformerLM(_LanguageModelBase):
       return self.logits(z), new_state
     positions = jnp.arange(t) if positions is None else positions
     e = self.embed_tokens(tokens, deterministic, positions)
-    z, _ = self.blocks(e, positions, deterministic=deterministic)
+    z, _ = self.blocks(e, positions, deterministic=deterministic, remat=remat)
     logits = self.logits(z)
     if return_aux:
       return logits, {'convergence_loss': jnp.zeros((), jnp.float32)}
@@ -177,22 +182,22 @@ class ContextReadyLM(_LanguageModelBase):
     """What position t hands to t+1: z_t (or the block delta for correction='none')."""
     return z - u if self.spec.correction == 'none' else z
 
-  def __call__(self, tokens, *, k_unroll=None, remat: bool = False,
+  def __call__(self, tokens, *, k_unroll=None, remat: str | bool = 'none',
                decode_state: DecodeState | None = None, deterministic: bool = True,
                return_aux: bool = False, initial_correction=None):
     """`initial_correction` [B, T, C] starts the unroll from c^(0) = it instead of 0 (the
     truncated-gradient recipe runs the first iterations without gradients, then these)."""
     if decode_state is not None:
       return self._step(tokens, decode_state, deterministic)
-    return self._parallel(tokens, k_unroll or self.spec.k_unroll, remat, deterministic,
-                          return_aux, initial_correction)
+    return self._parallel(tokens, k_unroll or self.spec.k_unroll, remat_name(remat),
+                          deterministic, return_aux, initial_correction)
 
   def correction_after(self, tokens, k_unroll: int, deterministic: bool = True):
     """c^(k_unroll) [B, T, C], the correction after `k_unroll` fixed-point iterations."""
-    return self._unroll(tokens, k_unroll, False, deterministic, None)[0][0]
+    return self._unroll(tokens, k_unroll, 'none', deterministic, None)[0][0]
 
   def iterate(self, c, e, positions, *, u_prev=None, caches=None, cache_index=None,
-              first_feedback=None, deterministic=True):
+              first_feedback=None, deterministic=True, remat: str = 'none'):
     """One fixed-point pass over all positions: u = e + c, z = Unit(u), c' = Correct(shift(z), e).
 
     c, e [B, T, C]: the current correction and the embeddings; `u_prev` (the last pass's block
@@ -200,12 +205,13 @@ class ContextReadyLM(_LanguageModelBase):
     every position's keys and values from slot `cache_index` (default 0: the parallel prefill)
     and its queries also read the slots before it (the chunked prefill). `first_feedback` [B, C]
     is the feedback position 0 reads (default 0: the sequence starts here; a later chunk passes
-    the previous chunk's last one). Returns (c' [B, T, C], u, z, the written caches or None).
+    the previous chunk's last one). `remat` 'layer' / 'matmuls' recomputes each block in the
+    backward pass. Returns (c' [B, T, C], u, z, the written caches or None).
     """
     u = (e if u_prev is None else u_prev) + c
     if caches is not None and cache_index is None:
       cache_index = jnp.zeros((), jnp.int32)
-    z, caches = self.blocks(u, positions, caches, cache_index, deterministic)
+    z, caches = self.blocks(u, positions, caches, cache_index, deterministic, remat)
     feedback = shift_right(self.feedback(z, u), first_feedback)
     return self.correct(feedback, e), u, z, caches
 
@@ -219,7 +225,7 @@ class ContextReadyLM(_LanguageModelBase):
     def iteration(mdl, carry):
       c, u_prev, _ = carry
       c_next, u, z, _ = mdl.iterate(c, e, positions, u_prev=u_prev if cumulative else None,
-                                    deterministic=deterministic)
+                                    deterministic=deterministic, remat=remat)
       change = (c_next - c).astype(jnp.float32)
       stats = {'change_max': jnp.max(jnp.abs(change)),
                'change_rms': jnp.sqrt(jnp.mean(jnp.square(change)))}
@@ -227,7 +233,8 @@ class ContextReadyLM(_LanguageModelBase):
 
     zeros = jnp.zeros_like(e)
     c0 = zeros if initial_correction is None else initial_correction.astype(e.dtype)
-    carry, stats = fixed_point_unroll(self, iteration, (c0, e, zeros), k_unroll, remat=remat)
+    carry, stats = fixed_point_unroll(self, iteration, (c0, e, zeros), k_unroll,
+                                      remat=remat == 'iteration')
     return carry, stats, e
 
   def _parallel(self, tokens, k_unroll, remat, deterministic, return_aux, initial_correction):

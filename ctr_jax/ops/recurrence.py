@@ -2,6 +2,8 @@
 
 * `fixed_point_unroll`: K iterations of a step with shared weights, as one `nn.scan` (the lifted
   `jax.lax.scan`), all positions in parallel. Used by the context-ready parallel forward.
+* `REMAT` and `remat_name`: what the backward pass of the training forward recomputes instead of
+  storing (`config.train.remat`).
 * `DecodeState` + `shift_right`: the state of the exact left-to-right scan over positions that
   `ctr_jax.inference.decode` runs for both model kinds.
 """
@@ -12,6 +14,32 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+# config.train.remat, the names the models take (`model.apply(..., remat=NAME)`):
+#   'none'       store every activation the backward pass needs;
+#   'iteration'  each fixed-point iteration of the context-ready K-unroll is recomputed from its
+#                carry (a transformer has no iterations: nothing changes);
+#   'layer'      each block of the unit (or of the transformer's stack) is recomputed from its
+#                input;
+#   'matmuls'    the same per block, but the outputs of its matmuls without batch dimensions
+#                (the weight products; not attention's score products) are stored
+#                (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`).
+REMAT = ('none', 'iteration', 'layer', 'matmuls')
+SAVE_MATMULS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+_BOOLS = {'true': 'iteration', 'false': 'none'}
+
+
+def remat_name(value: Any) -> str:
+  """One of `REMAT` for a `config.train.remat` value; older configs and checkpoints hold booleans
+  (True -> 'iteration', what True meant before the names, False -> 'none')."""
+  if isinstance(value, (bool, int)) and not isinstance(value, str) and value in (0, 1):
+    return 'iteration' if value else 'none'
+  if isinstance(value, str) and value.lower() in _BOOLS:
+    return _BOOLS[value.lower()]
+  if value in REMAT:
+    return value
+  raise ValueError(f'config.train.remat: got {value!r}, allowed {list(REMAT)} (or True = '
+                   "'iteration', False = 'none')")
 
 
 def fixed_point_unroll(module: nn.Module, step: Callable, carry: Any, num_steps: int, *,

@@ -9,6 +9,7 @@ import dataclasses
 import ml_collections
 
 from ctr_jax import models
+from ctr_jax.ops import recurrence
 
 # Training-recipe fields that used to sit in the model config (old checkpoints' saved configs
 # still hold them): model field -> its field in the training config `config.train`.
@@ -36,6 +37,8 @@ def split_moved_fields(saved_model: dict) -> tuple[dict, dict]:
   under their `config.train` names."""
   kept = {k: v for k, v in saved_model.items() if k not in MOVED_TO_TRAIN}
   moved = {MOVED_TO_TRAIN[k]: v for k, v in saved_model.items() if k in MOVED_TO_TRAIN}
+  if 'remat' in moved:  # a boolean then: True / False are 'iteration' / 'none' now
+    moved['remat'] = recurrence.remat_name(moved['remat'])
   return kept, moved
 
 

@@ -9,8 +9,12 @@ model's architecture:
                       BPTT has no K and ignores it.
   convergence_weight  lambda of the context-ready convergence term; BPTT has no such term and
                       ignores it.
-  remat               rematerialise each fixed-point iteration in the backward pass (unroll only:
-                      an error with BPTT, which recomputes every position in its backward pass).
+  remat               what the backward pass recomputes instead of storing: 'none', 'iteration'
+                      (each fixed-point iteration), 'layer' (each block of the unit or the
+                      transformer stack), 'matmuls' (each block but its weight products; the
+                      names: `ctr_jax.ops.recurrence.REMAT`). True / False in older configs and
+                      checkpoints mean 'iteration' / 'none'. Unroll only: BPTT recomputes every
+                      position in its backward pass already.
   grad_iterations     m > 0: backpropagate through the last m of the K iterations only (beyond
                       the paper). The first K - m run on stop_gradient'ed parameters, so they
                       store nothing for the backward pass; the forward is unchanged. 0 = all K.
@@ -30,6 +34,7 @@ import numpy as np
 import optax
 
 from ctr_jax.inference import bptt
+from ctr_jax.ops import recurrence
 
 MODES = ('unroll', 'bptt')
 
@@ -40,8 +45,11 @@ class Recipe:
   mode: str = 'unroll'
   k_min: int = 0
   convergence_weight: float = 0.1
-  remat: bool = False
+  remat: str = 'none'
   grad_iterations: int = 0
+
+  def __post_init__(self):
+    object.__setattr__(self, 'remat', recurrence.remat_name(self.remat))  # True -> 'iteration'
 
   @classmethod
   def from_config(cls, train_cfg) -> 'Recipe':
@@ -60,8 +68,7 @@ def validate(train_cfg, model_cfg) -> None:
         f'{train_cfg.k_min}')
   check(train_cfg.convergence_weight >= 0, 'convergence_weight',
         f'must be >= 0, got {train_cfg.convergence_weight}')
-  check(train_cfg.remat in (True, False, 0, 1), 'remat', f'got {train_cfg.remat!r}, allowed '
-        '[True, False]')
+  remat = recurrence.remat_name(train_cfg.get('remat', 'none'))  # one line naming the field
   m = train_cfg.get('grad_iterations', 0)
   check(isinstance(m, int) and 0 <= m <= model_cfg.k_unroll, 'grad_iterations',
         f'must be an integer in [0, model.k_unroll={model_cfg.k_unroll}] (0 = all), got {m!r}')
@@ -79,9 +86,9 @@ def validate(train_cfg, model_cfg) -> None:
           'form)')
     check(model_cfg.dropout == 0, 'mode',
           f"'bptt' trains deterministically: needs model.dropout=0, got {model_cfg.dropout}")
-    check(not train_cfg.remat, 'remat',
-          "rematerialises the K-unroll: needs mode='unroll' (BPTT recomputes each position "
-          'already)')
+    check(remat == 'none', 'remat',
+          f"{remat!r} rematerialises the K-unroll: needs mode='unroll' (BPTT recomputes each "
+          "position already), or 'none'")
 
 
 def k_for_step(train_cfg, model_cfg, seed: int, step: int) -> int:
