@@ -277,3 +277,50 @@ def test_the_ledger_names_the_gpus_from_nvidia_smi(tmp_path, monkeypatch):
   assert cpu_name.gpu_names() == ''
   monkeypatch.setenv('PATH', str(tmp_path / 'empty'))
   assert cpu_name.gpu_names() == ''
+
+
+# ------------------------------------------------------------------------------------------------
+# The GPU benchmark's parts: the budget that keeps it inside one device call, the peak table,
+# the one-line check of what a machine lacks.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_budget_skips_what_would_overrun_and_learns_from_what_ran():
+  from ctr_jax.bench import budget  # pylint: disable=g-import-not-at-top
+  now = [0.0]
+  b = budget.Budget({'ttft': 10.0}, total=100.0, clock=lambda: now[0])
+  s = b.section('ttft')
+  assert s.admit('a', 'scan', 4.0) == ''
+  now[0] += 8.0  # the item took twice its estimate ...
+  s.done('scan', 4.0, 8.0)
+  note = s.admit('b', 'scan', 4.0)  # ... so the next one is estimated at 8 s, with 2 s left
+  assert note == "b: skipped, estimated 8 s with 2 s left of the ttft section's 10 s budget"
+  assert s.admit('c', 'chunked', 1.0) == ''  # another kind: the section's ratio, 2 s
+  assert b.report['ttft']['skipped'] == 1 and b.report['ttft']['used_s'] == 8.0
+  # The run's total binds before a section's own budget: the note says so.
+  late = b.section('train')  # no budget of its own
+  now[0] = 99.0
+  assert 'of the run\'s 100 s budget' in late.admit('d', 'train', 5.0)
+  unlimited = budget.Budget({}, clock=lambda: now[0]).section('decode')
+  assert unlimited.admit('e', 'decode', 1e9) == ''
+
+
+def test_device_peaks_are_the_data_sheets_bf16_dense_figures():
+  from ctr_jax.bench import devices  # pylint: disable=g-import-not-at-top
+  peaks = {'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA H100 PCIe': 756e12, 'NVIDIA H100 NVL': 835e12,
+           'NVIDIA H200': 989e12, 'NVIDIA H200 NVL': 835e12, 'NVIDIA A100-SXM4-40GB': 312e12,
+           'NVIDIA A100 80GB PCIe': 312e12, 'NVIDIA L4': 121e12, 'NVIDIA L40S': 362e12,
+           'NVIDIA A10': 125e12, 'cpu': None, 'Tesla V100-SXM2-16GB': None}
+  for kind, peak in peaks.items():
+    assert devices.peak_flops(kind, 'bfloat16') == peak, kind
+  assert devices.peak_flops('NVIDIA H100 80GB HBM3', 'float32') is None
+  assert devices.device_name().endswith('(cpu)')
+
+
+def test_preflight_names_every_missing_package_in_one_line():
+  from ctr_jax.bench import preflight  # pylint: disable=g-import-not-at-top
+  needs = {'numpy': 'numpy', 'not_a_module_zz': 'zz-pkg', 'not_a_package_yy.sub': 'yy-pkg'}
+  line = preflight.problem(gpu=False, needs=needs)
+  assert line.startswith('bench_gpu.sh: missing Python packages: zz-pkg, yy-pkg (')
+  assert '\n' not in line
+  assert preflight.missing() == []  # this environment has everything the bench imports
