@@ -1,6 +1,7 @@
 """The benchmark suite runs end to end on toy sizes (benchmarks are not tests: no timings are
 asserted, only that every section produces its numbers and the report is written)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -176,7 +177,6 @@ def test_verdict_lines_say_met_or_by_how_much_not():
 
 @pytest.mark.slow
 def test_results_record_the_command_with_its_overrides(tmp_path):
-  import json  # pylint: disable=g-import-not-at-top
   out = tmp_path / 'b.md'
   subprocess.run([sys.executable, '-m', 'ctr_jax.bench', '--config=configs/bench/tiny.py',
                   '--config.sections=prefill', '--config.prefill.prompt_len=6', f'--output={out}'],
@@ -280,9 +280,69 @@ def test_the_ledger_names_the_gpus_from_nvidia_smi(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------
-# The GPU benchmark's parts: the budget that keeps it inside one device call, the peak table,
-# the one-line check of what a machine lacks.
+# The GPU benchmark (launch/bench_gpu.sh, configs/bench/gpu.py): its smoke run on a CPU, the
+# budget that keeps it inside one device call, the peak table, the one-line checks.
 # ------------------------------------------------------------------------------------------------
+
+
+def _check_gpu_json(results: dict) -> None:
+  """The schema docs/benchmarks_gpu.json promises (issue 39, item 7)."""
+  assert isinstance(results['device'], str) and results['device']
+  assert results['precision']['compute_dtype'] == 'bfloat16'
+  assert results['precision']['param_dtype'] == 'float32'
+  assert results['mfu_peak_flops'] > 0 and results['mfu_peak_source']
+  assert results['train'], 'no training row'
+  for row in results['train']:
+    assert row['model'] and 0 < row['mfu'] <= 1 and row['tokens_per_second'] > 0
+  assert results['decode'], 'no decode row'
+  for row in results['decode']:
+    assert row['model'] and row['batch'] >= 1 and row['ms_per_token'] >= 0
+  for pair in results['decode_pairs']:
+    assert {'crt', 'transformer', 'batch', 'speedup', 'paper_speedup'} <= set(pair)
+  for row in results['ttft']:
+    assert row['model'] and row['prompt_len'] >= 1 and row['ms'] > 0
+    assert row['method'] in ('scan', 'chunked', 'parallel')
+
+
+@pytest.mark.slow
+def test_gpu_bench_smoke_run_writes_its_json_and_section(tmp_path):
+  """`bash launch/bench_gpu.sh --smoke`: every section of the GPU run at toy sizes on the CPU,
+  the json and the markdown section written where BENCH_OUTPUT says."""
+  out = tmp_path / 'benchmarks.md'
+  result = subprocess.run(['bash', 'launch/bench_gpu.sh', '--smoke'], cwd=ROOT,
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, 'BENCH_OUTPUT': str(out), 'PYTHON': sys.executable})
+  assert result.returncode == 0, result.stderr[-3000:]
+  results = json.loads((tmp_path / 'benchmarks_gpu.json').read_text())
+  _check_gpu_json(results)
+  assert results['complete'] and results['smoke'] and not results['skipped']
+  methods = {(r['model'], r['method']) for r in results['ttft']}
+  assert methods == {('d1_c32_h2', 'scan'), ('d1_c32_h2', 'chunked'), ('t2_c32_h2', 'parallel')}
+  chunked = next(r for r in results['ttft'] if r['method'] == 'chunked')
+  assert chunked['same_first_token'] is not None and chunked['passes_max'] <= 4
+  text = out.read_text()
+  assert text.count('<!-- bench:gpu -->') == 1 and '**Smoke run**' in text
+  assert '#### Time to the first token' in text and '#### Goals' in text
+
+
+def test_gpu_config_is_the_paper_setup_in_one_budget():
+  from configs.bench import gpu  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  config = gpu.get_config()
+  runner.validate(config)
+  assert config.dtype == 'bfloat16' and config.sections == 'decode,train,ttft'
+  assert [(t['model']['name'], t['k'], t['batch'], t['seq_len']) for t in config.train] == [
+      ('d5_c1120', 5, 64, 256), ('t12_c768', 0, 64, 256), ('t6_c1088', 0, 64, 256)]
+  assert [list(p) for p in config.decode.pairs] == [['d5_c1120', 't12_c768'],
+                                                    ['d1_c2048', 't6_c1088']]
+  assert list(config.decode.batches) == [1] and tuple(config.ttft.prompt_lens) == (512, 2048)
+  sections = dict(config.budget.sections)
+  assert sum(sections[s] for s in config.sections.split(',')) <= config.budget.total_s <= 420
+  assert config.write_partial
+  smoke = gpu.get_config('smoke')
+  runner.validate(smoke)
+  assert smoke.smoke and not smoke.output and smoke.budget.total_s == 0
+  assert gpu.get_config('runlocal').smoke
 
 
 def test_budget_skips_what_would_overrun_and_learns_from_what_ran():
@@ -324,3 +384,121 @@ def test_preflight_names_every_missing_package_in_one_line():
   assert line.startswith('bench_gpu.sh: missing Python packages: zz-pkg, yy-pkg (')
   assert '\n' not in line
   assert preflight.missing() == []  # this environment has everything the bench imports
+
+
+def test_gpu_bench_without_a_gpu_fails_in_one_line(tmp_path):
+  """On a machine whose JAX sees no GPU, launch/bench_gpu.sh stops before the bench starts:
+  one line on stderr, status 3, nothing written."""
+  result = subprocess.run(['bash', 'launch/bench_gpu.sh'], cwd=ROOT, capture_output=True,
+                          text=True, check=False,
+                          env={**os.environ, 'BENCH_OUTPUT': str(tmp_path / 'b.md'),
+                               'PYTHON': sys.executable, 'JAX_PLATFORMS': 'cpu'})
+  assert result.returncode == 3, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith('bench_gpu.sh: JAX ')
+  assert 'sees no GPU' in result.stderr and 'Traceback' not in result.stderr
+  assert not list(tmp_path.iterdir())
+
+
+def test_budget_cuts_are_notes_and_partial_results_are_written(tmp_path):
+  """A section whose budget is spent skips its items with notes (no compilation for them); with
+  `write_partial` every row and section end writes the json and the section."""
+  from configs.bench import gpu  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import report, runner  # pylint: disable=g-import-not-at-top
+  config = gpu.get_config('smoke')
+  config.sections = 'ttft'
+  config.budget.sections.ttft = 1e-3
+  path = tmp_path / 'benchmarks_gpu.json'
+  writes = []
+
+  def progress(partial):
+    writes.append(partial['complete'])
+    report.write_json(str(path), partial)
+
+  results = runner.run(config, log=lambda *_: None, progress=progress)
+  assert results['ttft'] == [] and len(results['skipped']) == 3
+  assert all('skipped, estimated' in note and "ttft section's 0 s budget" in note
+             for note in results['skipped'])
+  assert results['budget']['ttft']['skipped'] == 3 and writes == [False]
+  assert json.loads(path.read_text())['skipped'] == results['skipped']
+  text = report.markdown(results)
+  assert '#### Skipped' in text and '| ttft | 0.001 |' in text
+
+
+def test_training_rows_fall_back_to_remat_for_memory(monkeypatch):
+  """Over the device's memory by XLA's estimate, or out of memory when run: the row is timed with
+  remat=True and says so; out of memory with remat too: skipped with a note."""
+  from configs.bench import gpu  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import report, runner, suite  # pylint: disable=g-import-not-at-top
+  built = []
+
+  def fake_runner(fields, *, remat, **shape):
+    built.append(remat)
+    run = lambda: 0.0
+    run.memory = {'needed_bytes': 1 if remat else 10, 'temp_bytes': 2 ** 30}
+    run.compile_seconds = 0.5
+    run.params = lambda: {}
+    return run, suite.model_config(fields), shape['k_unroll']
+
+  failures = []
+
+  def fake_throughput(fields, *, runner, **kw):
+    if failures and failures.pop(0):
+      raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate')
+    return {'step_ms': 1.0, 'tokens_per_second': 100.0, 'flops_per_token': 1e3, 'params': 7}
+
+  monkeypatch.setattr(suite, 'train_step_runner', fake_runner)
+  monkeypatch.setattr(suite, 'train_throughput', fake_throughput)
+  config = gpu.get_config('smoke')
+  config.sections = 'train'
+  monkeypatch.setattr(suite, 'device_memory_limit', lambda: 5)  # over by the estimate
+  results = runner.run(config, log=lambda *_: None)
+  assert built == [False, True] and results['train'][0]['remat'] is True
+  assert 'without rematerialisation' in results['notes'][0]
+  assert '| d1_c32_h2 (remat) |' in report.markdown(results)
+  monkeypatch.setattr(suite, 'device_memory_limit', lambda: None)  # fails when run
+  built.clear()
+  failures[:] = [True]
+  results = runner.run(config, log=lambda *_: None)
+  assert built == [False, True] and results['train'][0]['remat'] is True
+  built.clear()
+  failures[:] = [True, True]  # and again with remat: skipped
+  results = runner.run(config, log=lambda *_: None)
+  assert results['train'] == [] and results['skipped'] == ['train d1_c32_h2: out of memory']
+  with pytest.raises(ValueError, match='not memory'):
+    monkeypatch.setattr(suite, 'train_throughput',
+                        lambda *a, **kw: (_ for _ in ()).throw(ValueError('not memory')))
+    runner.run(config, log=lambda *_: None)
+
+
+def test_gpu_report_puts_the_ratios_beside_the_papers():
+  from ctr_jax.bench import report  # pylint: disable=g-import-not-at-top
+  results = {
+      'name': 'gpu', 'machine_line': 'x', 'command': 'c', 'date': 'd', 'repeats': 5, 'warmup': 2,
+      'peak_flops': 7e14, 'peak_dtype': 'bfloat16', 'peak_size': 8192, 'bandwidth': 3e12,
+      'device': 'NVIDIA H100 80GB HBM3', 'mfu_peak_flops': 989e12, 'complete': False,
+      'mfu_peak_source': 'data sheet, NVIDIA H100 80GB HBM3, bfloat16 dense',
+      'precision': {'note': 'bf16'}, 'goals': {'mfu': 0.45, 'mfu_model': 'd5_c1120',
+                                               'decode_vs_paper': ['d5_c1120']},
+      'train': [{'label': 'd5_c1120', 'model': 'd5_c1120', 'k': 5, 'm': 0, 'seq_len': 256,
+                 'batch': 64, 'params': 1, 'step_ms': 1.0, 'tokens_per_second': 1.0, 'mfu': 0.5,
+                 'compile_s': 30.0, 'temp_gib': 30.0}],
+      'decode': [{'label': name, 'model': name, 'batch': 1, 'params': 1, 'ms_per_token': ms,
+                  'roofline_ms': 0.1, 'paper_ms': None} for name, ms in (('d5_c1120', 2.0),
+                                                                         ('t12_c768', 3.0))],
+      'decode_pairs': [{'crt': 'd5_c1120', 'transformer': 't12_c768', 'batch': 1,
+                                      'speedup': 1.5, 'paper_speedup': 4.96 / 2.86}],
+      'ttft': [{'model': 'd5_c1120', 'kind': 'context_ready', 'prompt_len': 512,
+                'method': 'scan', 'ms': 100.0, 'sequential_passes': 512},
+               {'model': 'd5_c1120', 'kind': 'context_ready', 'prompt_len': 512,
+                'method': 'chunked', 'ms': 25.0, 'sequential_passes': 12, 'chunk': 256,
+                'max_passes': 16, 'tolerance': 1e-4, 'passes_mean': 6.0, 'passes_max': 6,
+                'max_abs_last_logit_diff': 1e-3, 'same_first_token': True}]}
+  text = report.markdown(results)
+  assert '**Partial**' in text and 'MFU is against 989 TFLOP/s (data sheet' in text
+  assert '| d5_c1120 | t12_c768 | 1 | 1.50× | 1.73× |' in text
+  assert ("- d5_c1120 vs t12_c768 decode, B = 1, against the paper's A100 figure: **not met** "
+          '(1.50× against ≥ 1.73×' in text)
+  assert '- Training MFU of d5_c1120 ≥ 45%: **met** (50.0%).' in text
+  assert '| d5_c1120 | 512 | chunked fixed point (chunk 256, ≤ 16 passes, tol 0.0001; used 6 / 6)' \
+         ' | 25 | 12 | 4.00× | 1.00e-03 | yes |' in text
+  assert 'd5_c1120 30 s (30.0 GiB of temporaries)' in text

@@ -1,5 +1,6 @@
-"""Every bench section at toy sizes, in about a minute on a CPU: the test suite's smoke run and
-the syntax check of launch/bench_gpu.sh. `:runlocal` (accepted by every config) changes nothing.
+"""Every bench section at toy sizes, in about a minute on a CPU: the test suite's smoke run
+(launch/bench_gpu.sh has its own, `--smoke`). `:runlocal` (accepted by every config) changes
+nothing.
 
   python -m ctr_jax.bench --config=configs/bench/tiny.py --output=/tmp/ctr_bench/benchmarks.md
 """

@@ -1,7 +1,8 @@
 """python -m ctr_jax.bench --config=configs/bench/cpu.py [--output=docs/benchmarks.md]
 
 Prints the tables and, with --output (default: the config's `output`), writes the config's
-section of that markdown file and the raw numbers to <output stem>_<name>.json.
+section of that markdown file and the raw numbers to <output stem>_<name>.json (after every row
+too where the config's `write_partial` is set).
 """
 
 import os
@@ -30,11 +31,14 @@ def main(argv):
   # The results record the command as typed, overrides included, not the config's own line.
   config.command = ' '.join(['python -m ctr_jax.bench', *map(shlex.quote, sys.argv[1:])])
   output = config.output if FLAGS.output is None else FLAGS.output
+  progress = None
+  if output and config.write_partial:  # a run stopped from outside keeps what it measured
+    progress = lambda partial: _write(output, config.name, partial)
   try:
     runner.validate(config)
     if output:
       _check_writable(output)
-    results = runner.run(config)
+    results = runner.run(config, progress=progress)
   except ValueError as e:
     if os.environ.get('CTR_JAX_TRACEBACK'):
       raise
@@ -43,9 +47,17 @@ def main(argv):
   section = report.markdown(results)
   print(section)
   if output:
-    report.write_section(output, config.name, section)
-    report.write_json(f'{os.path.splitext(output)[0]}_{config.name}.json', results)
-    print(f'wrote the {config.name!r} section of {output}')
+    _write(output, config.name, results, section)
+    print(f'wrote the {config.name!r} section of {output} and {_json_path(output, config.name)}')
+
+
+def _json_path(output: str, name: str) -> str:
+  return f'{os.path.splitext(output)[0]}_{name}.json'
+
+
+def _write(output: str, name: str, results: dict, section: str | None = None) -> None:
+  report.write_section(output, name, section or report.markdown(results))
+  report.write_json(_json_path(output, name), results)
 
 
 def _check_writable(path: str) -> None:

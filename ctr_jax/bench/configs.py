@@ -13,6 +13,9 @@ Sections (`sections`, comma-separated): train, decode, prefill, scaling.
            `chunked.checkpoint` (a workdir, '' = none): the scan vs chunked prefill per chunk
            size and pass count, plus the tolerance mode, at most `chunked.tolerance_passes`
            passes (configs/bench/prefill_cpu.py).
+  ttft:    time to the first token of each `ttft.models` model (random weights) after a random
+           prompt of each `ttft.prompt_lens` length, by each of its kind's `ttft.methods`
+           (configs/bench/gpu.py).
   scaling: training step time against K and T (`scaling.train_model`) and batch-1 decode time
            against the context length (`scaling.decode_model`).
 """
@@ -58,6 +61,24 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
       'sizes': ('d2_c256', 'd5_c1120', 'd1_c2048'), 'vocab_size': 32000, 'prompt_len': 512,
       'chunks': (16, 32, 64, 128, 256), 'passes': (1, 2, 3, 4, 8), 'tolerance': 1e-4,
       'tolerance_passes': 16, 'checkpoint': ''})
+  c.ttft = ml_collections.ConfigDict({
+      'models': ('d5_c1120', 't12_c768', 'd1_c2048', 't6_c1088'), 'prompt_lens': (512, 2048),
+      'vocab_size': 32000, 'chunk': 256, 'passes': 16, 'tolerance': 1e-4, 'warmup': 1,
+      'repeats': 3,
+      'methods': {'context_ready': ('scan', 'chunked'), 'transformer': ('parallel',)}})
+  # Seconds for the whole run and for each section, from its start (0 = no limit): an item whose
+  # estimate would overrun is skipped with a note (runner, `budget`). The estimates' priors are
+  # `estimates`; after the first item of a kind they are scaled by what it took.
+  c.budget = ml_collections.ConfigDict({
+      'total_s': 0.0,
+      'sections': {name: 0.0 for name in ('train', 'decode', 'generate', 'prefill', 'chunked',
+                                          'ttft', 'scaling')}})
+  c.estimates = ml_collections.ConfigDict({
+      'train_compile_s': 45.0, 'decode_compile_s': 20.0, 'ttft_compile_s': 10.0,
+      'decode_step_ms': 5.0, 'mfu': 0.3})
+  # Write the section and the json after every row (a run stopped from outside keeps them).
+  c.write_partial = False
+  c.smoke = False  # toy sizes of a config meant for an accelerator: the report says so
   c.scaling = ml_collections.ConfigDict({
       'train_model': {'kind': 'context_ready', 'width': 256, 'depth': 2, 'num_heads': 4,
                       'vocab_size': 4096, 'max_len': 1024},

@@ -30,23 +30,41 @@ def _table(header, rows) -> list[str]:
 
 def markdown(results: dict) -> str:
   r = results
-  out = [f"### `{r['name']}`: {r['machine_line']}", '',
-         f"Command: `{r['command']}` ({r['date']}; medians of {r['repeats']} runs after "
-         f"{r['warmup']} warm-up runs).", '',
-         f"Measured ceilings: matmul {_fmt(r['peak_flops'] / 1e9)} GFLOP/s "
-         f"({r['peak_dtype']}, {r['peak_size']}²); memory bandwidth "
-         f"{_fmt(r['bandwidth'] / 1e9)} GB/s (float32 matrix-vector product).", '']
+  out = [f"### `{r['name']}`: {r['machine_line']}", '']
+  if r.get('smoke'):
+    out += ['**Smoke run**: toy sizes of a config meant for an accelerator; the numbers say only '
+            'that every section runs.', '']
+  if r.get('complete') is False:
+    out += ['**Partial**: the run stopped before its end (the rows below are those it '
+            'finished).', '']
+  out += [f"Command: `{r['command']}` ({r['date']}; medians of {r['repeats']} runs after "
+          f"{r['warmup']} warm-up runs).", '',
+          f"Measured ceilings: matmul {_fmt(r['peak_flops'] / 1e9)} GFLOP/s "
+          f"({r['peak_dtype']}, {r['peak_size']}²); memory bandwidth "
+          f"{_fmt(r['bandwidth'] / 1e9)} GB/s (float32 matrix-vector product).", '']
+  if r.get('mfu_peak_source', '').startswith('data sheet'):
+    out += [f"Device: {r['device']}. MFU is against {_fmt(r['mfu_peak_flops'] / 1e12)} TFLOP/s "
+            f"({r['mfu_peak_source']}); precision: {r['precision']['note']}.", '']
+  elif r.get('precision'):
+    out += [f"Device: {r['device']}. MFU is against the measured matmul peak; precision: "
+            f"{r['precision']['note']}.", '']
   for note in r.get('notes', []):
     out += [f'Note: {note}', '']
   if r.get('train'):
     out += ['#### Training throughput', '']
     # m: iterations backpropagated (the last m of K; 'all' = full backpropagation).
-    rows = [[t['label'], t['k'] or '–', (t.get('m') or 'all') if t['k'] else '–', t['seq_len'],
+    rows = [[t['label'] + (' (remat)' if t.get('remat') else ''), t['k'] or '–', (t.get('m') or 'all') if t['k'] else '–', t['seq_len'],
              t['batch'], t['params'], t['step_ms'], t['tokens_per_second'],
              f"{100 * t['mfu']:.1f}%", f"{t['vs_peer']:.2f}×" if t.get('vs_peer') else '–']
             for t in r['train']]
     out += _table(['model', 'K', 'm', 'T', 'B', 'params', 'step ms', 'tokens/s', 'MFU',
                    'vs peer'], rows)
+    compiled = [t for t in r['train'] if t.get('compile_s') is not None]
+    if compiled:
+      out += ['Compilation of each step: ' + ', '.join(
+          f"{t['label']} {t['compile_s']:.0f} s" + (f" ({t['temp_gib']:.1f} GiB of temporaries)"
+                                                   if t.get('temp_gib') else '')
+          for t in compiled) + '.', '']
     peer_row = next((t for t in r['train'] if t.get('rounds')), None)
     if peer_row:
       out += [f"vs peer: the peer's step time ÷ ours, median over {peer_row['rounds']} rounds "
@@ -104,6 +122,8 @@ def markdown(results: dict) -> str:
                f"{row['max_abs_logit_diff']:.2e}"] for row in entry['rows']]
       out += _table(['chunk', 'passes', 'tolerance', 'ms', 'vs scan', 'used', 'max |Δlogit|'],
                     rows)
+  if r.get('ttft'):
+    out += _ttft_lines(r['ttft'])
   if r.get('scaling'):
     s = r['scaling']
     out += ['#### Scaling', '']
@@ -122,15 +142,50 @@ def markdown(results: dict) -> str:
       out += _table(['context', *map(str, d['by_context'])],
                     [['ms/token', *d['by_context'].values()]])
       out += [f"Measured exponent: decode ms/token ∝ context^{d['exponent']:.2f}.", '']
+  if r.get('skipped'):
+    out += ['#### Skipped', '', *[f'- {note}' for note in r['skipped']], '']
+  budget = {k: v for k, v in (r.get('budget') or {}).items() if v.get('budget_s')}
+  if budget:
+    out += _table(['section', 'budget s', 'used s', 'items skipped'],
+                  [[name, b['budget_s'], b['used_s'], b['skipped']] for name, b in budget.items()])
   out += verdicts(r)
   return '\n'.join(out).rstrip() + '\n'
+
+
+_METHODS = {'scan': 'exact scan', 'chunked': 'chunked fixed point', 'parallel': 'parallel'}
+
+
+def _ttft_lines(rows) -> list[str]:
+  scan_ms = {(t['model'], t['prompt_len']): t['ms'] for t in rows if t['method'] == 'scan'}
+  out = ['#### Time to the first token (batch 1, random weights)', '',
+         'The prefill of a random prompt and the greedy pick from its last logits, fetched to the '
+         'host. Sequential passes: block passes run one after the other (the scan: one per '
+         'position; chunked: the passes of every chunk; parallel: over the whole prompt). '
+         'Chunked: at most the cap per chunk, fewer once max |c_new - c| <= the tolerance. '
+         "Δ: against the scan's last logits.", '']
+  table = []
+  for t in rows:
+    method = _METHODS[t['method']]
+    if t['method'] == 'chunked':
+      method += (f" (chunk {t['chunk']}, ≤ {t['max_passes']} passes, tol {t['tolerance']:g}; "
+                 f"used {t['passes_mean']:.3g} / {t['passes_max']})")
+    elif t['method'] == 'parallel' and t['kind'] == 'context_ready':
+      method += f" fixed point (tol {t['tolerance']:g})"
+    scan = scan_ms.get((t['model'], t['prompt_len']))
+    vs = f"{scan / t['ms']:.2f}×" if scan and t['method'] != 'scan' and t['ms'] else '–'
+    diff = t.get('max_abs_last_logit_diff')
+    same = {True: 'yes', False: 'no', None: '–'}[t.get('same_first_token')]
+    table.append([t['model'], t['prompt_len'], method, t['ms'], t['sequential_passes'], vs,
+                  f'{diff:.2e}' if diff is not None else '–', same])
+  return out + _table(['model', 'prompt', 'prefill', 'ms', 'sequential passes', 'vs scan',
+                       'max |Δ last logit|', 'same token'], table)
 
 
 def _met(value, goal) -> str:
   if value is None:
     return 'not measured'
-  return (f'**met** ({value:.2f}× against ≥ {goal:g}×)' if value >= goal
-          else f'**not met** ({value:.2f}× against ≥ {goal:g}×, {100 * (1 - value / goal):.0f}% '
+  return (f'**met** ({value:.2f}× against ≥ {goal:.3g}×)' if value >= goal
+          else f'**not met** ({value:.2f}× against ≥ {goal:.3g}×, {100 * (1 - value / goal):.0f}% '
                'short)')
 
 
@@ -152,6 +207,26 @@ def verdicts(r: dict) -> list[str]:
       lines.append(f"- `generate`, whole calls, B = {x['batch']}: "
                    f"{_met(x.get('vs_peer_whole'), goals['generate_vs_peer'])}; marginal per "
                    f"token {marginal}.")
+  if 'mfu' in goals and 'train' in r:
+    row = next((t for t in r['train'] if t.get('model') == goals.get('mfu_model')), None)
+    value = row['mfu'] if row else None
+    lines.append(f"- Training MFU of {goals.get('mfu_model')} ≥ {100 * goals['mfu']:.0f}%: "
+                 + ('not measured' if value is None else
+                    f"**met** ({100 * value:.1f}%)" if value >= goals['mfu'] else
+                    f"**not met** ({100 * value:.1f}%)") + '.')
+  if 'decode_vs_paper' in goals and 'decode_pairs' in r:
+    for pair in r['decode_pairs']:
+      if pair['crt'] not in goals['decode_vs_paper'] or pair['batch'] != 1:
+        continue
+      paper = pair.get('paper_speedup')
+      where = f"{pair['crt']} vs {pair['transformer']} decode, B = 1"
+      if paper is None:
+        value = pair.get('speedup')
+        lines.append(f"- {where}: " + ('not measured' if value is None else f'{value:.2f}×')
+                     + ' (no paper figure).')
+      else:
+        lines.append(f"- {where}, against the paper's A100 figure: "
+                     f"{_met(pair.get('speedup'), paper)}.")
   if 'chunked_vs_scan' in goals and r.get('chunked'):
     limit = goals.get('chunked_max_logit_diff', 1e-3)
     for entry in r['chunked']:

@@ -7,6 +7,7 @@ numbers that `report` turns into table rows.
 
 import functools
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -29,14 +30,15 @@ training_flops_per_token = models.training_flops_per_token
 
 
 def train_step_and_state(fields: dict, *, seq_len: int, batch: int, k_unroll: int,
-                         grad_iterations: int = 0):
+                         grad_iterations: int = 0, remat: bool = False):
   """The trainer's own step (`train_step.make_train_step` with the language-modelling loss,
   AdamW, clipping and the norm metrics), jitted and donated as the trainer does, with a fresh
   state and one batch: `(step, state, tokens, cfg, k)`; `step(state, tokens)` returns the next
   state and the metrics. The benchmark and `ctr_jax.projects.perf.profile_training` time this same step.
 
   grad_iterations: backpropagate through the last m of the K iterations only
-  (`config.train.grad_iterations`; 0 = all)."""
+  (`config.train.grad_iterations`; 0 = all). remat: rematerialise each fixed-point iteration
+  in the backward pass (`config.train.remat`)."""
   cfg = model_config(fields)
   model = models.build(cfg)
   optim_config = ml_collections.ConfigDict({'lr': 1e-4, 'warmup_steps': 0, 'min_lr_ratio': 1.0,
@@ -47,7 +49,8 @@ def train_step_and_state(fields: dict, *, seq_len: int, batch: int, k_unroll: in
   state = train_step.init_state(params, tx)
   k = k_unroll if cfg.kind == 'context_ready' else None
   step_fn = train_step.make_train_step(
-      model, tx, losses.NextToken(), recipe=train_step.Recipe(grad_iterations=grad_iterations),
+      model, tx, losses.NextToken(),
+      recipe=train_step.Recipe(grad_iterations=grad_iterations, remat=bool(remat)),
       base_rng=jax.random.key(1), deterministic=cfg.dropout == 0)
   step = jax.jit(functools.partial(step_fn, k_unroll=k), donate_argnums=0)
   tokens = jax.random.randint(jax.random.key(1), (batch, seq_len + 1), 0, cfg.vocab_size)
@@ -55,11 +58,19 @@ def train_step_and_state(fields: dict, *, seq_len: int, batch: int, k_unroll: in
 
 
 def train_step_runner(fields: dict, *, seq_len: int, batch: int, k_unroll: int,
-                      grad_iterations: int = 0):
+                      grad_iterations: int = 0, remat: bool = False):
   """A zero-argument callable that runs one training step (the state carried inside) and
-  returns its loss, with the model config and K: `(run, cfg, k)`."""
+  returns its loss, with the model config and K: `(run, cfg, k)`.
+
+  The step is compiled ahead of time, so `run.compile_seconds` and `run.memory` (XLA's
+  per-device bytes: `temp_bytes` and `needed_bytes`, arguments + outputs - aliased + temporaries)
+  are known before the first step runs."""
   step, state, tokens, cfg, k = train_step_and_state(
-      fields, seq_len=seq_len, batch=batch, k_unroll=k_unroll, grad_iterations=grad_iterations)
+      fields, seq_len=seq_len, batch=batch, k_unroll=k_unroll, grad_iterations=grad_iterations,
+      remat=remat)
+  start = time.perf_counter()
+  step = step.lower(state, tokens).compile()
+  compile_seconds = time.perf_counter() - start
   holder = [state]
 
   def run():
@@ -67,7 +78,38 @@ def train_step_runner(fields: dict, *, seq_len: int, batch: int, k_unroll: int,
     return metrics['loss']
 
   run.params = lambda: holder[0]['params']
+  run.compile_seconds = compile_seconds
+  run.memory = compiled_memory(step)
   return run, cfg, k
+
+
+def compiled_memory(compiled) -> dict:
+  """XLA's per-device memory estimate of a compiled computation, {} where it gives none."""
+  try:
+    m = compiled.memory_analysis()
+  except (NotImplementedError, AttributeError, RuntimeError):
+    return {}
+  if m is None:
+    return {}
+  needed = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            + m.temp_size_in_bytes)
+  return {'temp_bytes': int(m.temp_size_in_bytes), 'needed_bytes': int(needed)}
+
+
+def device_memory_limit() -> int | None:
+  """Bytes the first device's allocator may hold (`memory_stats()['bytes_limit']`); None on a
+  backend that does not say (XLA:CPU)."""
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except (NotImplementedError, RuntimeError):
+    return None
+  return (stats or {}).get('bytes_limit')
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """An XLA allocation failure (compilation or run), as opposed to any other error."""
+  text = str(error)
+  return 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower()
 
 
 def train_throughput(fields: dict, *, seq_len: int, batch: int, k_unroll: int, warmup: int,
@@ -149,6 +191,67 @@ def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmu
   diff = float(jnp.max(jnp.abs(logits - sequential())))
   return {'sequential_ms': 1e3 * t_seq, 'parallel_ms': 1e3 * t_par, 'speedup': t_seq / t_par,
           'iterations': int(iterations), 'max_abs_logit_diff': diff}
+
+
+FIRST_TOKEN_METHODS = {'context_ready': ('scan', 'chunked', 'parallel'),
+                       'transformer': ('parallel',)}
+
+
+class FirstToken:
+  """Time to the first token of one model (random weights) after one random prompt [1, T0]:
+  the prefill and the greedy pick from its last logits, fetched to the host.
+
+  Methods: 'scan' (a context-ready model's exact position scan, `decode.prefill`), 'chunked'
+  (`decode.chunked_prefill`: the fixed point over `chunk` positions at a time, at most `passes`
+  passes per chunk or until max |c_new - c| <= `tolerance`) and 'parallel' (a transformer's one
+  pass over the prompt, `decode.prefill`; for a context-ready model the fixed point over the
+  whole prompt, `decode.parallel_prefill` to `tolerance`).
+  """
+
+  def __init__(self, fields: dict, *, prompt_len: int):
+    self.cfg = model_config(fields)
+    self.model = models.build(self.cfg)
+    self.variables = jax.jit(self.model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    self.prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 0, self.cfg.vocab_size)
+    self.prompt_len = prompt_len
+    self.length = prompt_len + 1
+
+  def call(self, method: str, *, chunk: int = 0, passes: int = 0, tolerance: float = 0.0):
+    """A zero-argument callable: (first token [1] on the host, last logits [1, V], block passes
+    run one after the other: per chunk for 'chunked', in all for 'parallel', and for 'scan' T0,
+    one per position)."""
+    allowed = FIRST_TOKEN_METHODS[self.cfg.kind]
+    if method not in allowed:
+      raise ValueError(f'bench.ttft: method {method!r} is not one for a {self.cfg.kind} model, '
+                       f'allowed {list(allowed)}')
+    m, v, prompt, length = self.model, self.variables, self.prompt, self.length
+    if method == 'chunked':
+      fill = lambda: decode.chunked_prefill(m, v, prompt, length, chunk=min(chunk, self.prompt_len),
+                                            passes=passes or None, tolerance=tolerance)
+    elif method == 'parallel' and self.cfg.kind == 'context_ready':
+      fill = lambda: decode.parallel_prefill(m, v, prompt, length, tolerance)
+    else:
+      positions = self.prompt_len if method == 'scan' else 1
+      fill = lambda: (*decode.prefill(m, v, prompt, length), jnp.full((1,), positions))
+
+    def run():
+      logits, _, used = fill()
+      last = logits[:, -1]
+      return np.asarray(jnp.argmax(last, axis=-1)), last, used
+
+    return run
+
+  def measure(self, method: str, *, warmup: int, repeats: int, chunk: int = 0, passes: int = 0,
+              tolerance: float = 0.0) -> dict:
+    run = self.call(method, chunk=chunk, passes=passes, tolerance=tolerance)
+    seconds = timing.median_seconds(lambda: run()[1], warmup=warmup, repeats=repeats)
+    token, last, used = run()
+    used = np.atleast_1d(np.asarray(used))
+    row = {'ms': 1e3 * seconds, 'first_token': int(token[0]), 'last_logits': last,
+           'sequential_passes': int(used.sum())}
+    if method == 'chunked':
+      row.update(chunks=len(used), passes_mean=float(used.mean()), passes_max=int(used.max()))
+    return row
 
 
 def load_checkpoint(workdir: str, field: str = 'bench.chunked.checkpoint'):
