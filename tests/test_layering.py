@@ -44,7 +44,7 @@ def test_no_imports_inside_functions():
   assert not found, 'imports inside functions (move them to the top):\n' + '\n'.join(found)
 
 
-def test_nothing_edits_sys_path():
+def test_nothing_edits_the_import_path():
   needle = 'sys' + '.path'  # spelled so that this file does not match itself
   found = []
   for pattern in ('*.py', '*.ipynb'):
