@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ctr_jax import config_lib, trainer
+from ctr_jax.projects.perf import precision_quickstart
 from ctr_jax.training import checkpointing
 from helpers import run_main, tiny_train_config
 
@@ -56,6 +57,24 @@ def test_the_default_is_auto_and_a_bad_value_is_one_line_naming_the_field(tmp_pa
   assert not workdir.exists() or not any(workdir.iterdir())
 
 
+def test_the_quickstart_comparison_copies_each_summary_with_its_command(tmp_path, capsys):
+  for precision, loss in [('float32', 4.0), ('bfloat16', 4.1)]:
+    (tmp_path / precision).mkdir()
+    (tmp_path / precision / 'summary.json').write_text(json.dumps(
+        {'step': 600, 'val_loss': loss, 'val_ppl': float(np.exp(loss)), 'sample': 'And God'}))
+  out = tmp_path / 'out.json'
+  precision_quickstart.main(['--reuse', f'--workdir_root={tmp_path}', f'--out={out}'])
+  written = json.loads(out.read_text())
+  assert written['runs']['float32'] == {
+      'command': f'python -m ctr_jax.main --config=configs/quickstart.py '
+                 f'--workdir={tmp_path}/float32 --config.precision=float32',
+      'step': 600, 'val_loss': 4.0, 'val_ppl': float(np.exp(4.0))}
+  assert written['runs']['bfloat16']['val_loss'] == 4.1
+  assert written['val_loss_relative_difference'] == pytest.approx(0.1 / 4.0)
+  assert written['machine']['platform'] == 'cpu'
+  assert 'written to' in capsys.readouterr().out
+
+
 # A few dozen steps of the tiny model. The margin, 0.5% of float32's final validation loss:
 # bfloat16 keeps 8 significant bits (a relative rounding of up to 2^-9, 0.2%, per value), the
 # loss itself is computed in float32 and averaged over every validation token, so what is left is
@@ -68,9 +87,9 @@ BF16_MARGIN = 0.005
 @pytest.mark.slow
 def test_bfloat16_training_lands_within_the_margin_of_float32(data_dir, tmp_path, capsys):
   def run(name, **overrides):
-    config = tiny_train_config(data_dir, total_steps=BF16_STEPS, eval_every=BF16_STEPS,
-                               checkpoint_every=BF16_STEPS, log_every=BF16_STEPS // 3,
-                               eval_batches=8, **overrides)
+    fields = dict(total_steps=BF16_STEPS, eval_every=BF16_STEPS, checkpoint_every=BF16_STEPS,
+                  log_every=BF16_STEPS // 3, eval_batches=8)
+    config = tiny_train_config(data_dir, **{**fields, **overrides})
     return trainer.train_and_evaluate(config, str(tmp_path / name), devices=jax.devices()[:1])
 
   f32 = run('f32', precision='float32')
@@ -82,10 +101,15 @@ def test_bfloat16_training_lands_within_the_margin_of_float32(data_dir, tmp_path
   _, params = checkpointing.load_params(str(tmp_path / 'bf16'))
   assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype('float32')}
   a, b, c = f32['val_loss'], bf16['val_loss'], other_seed['val_loss']
-  print(f'val_loss after {BF16_STEPS} steps: float32 {a:.4f}, bfloat16 {b:.4f}, '
-        f'float32 seed 1 {c:.4f}')
+  with capsys.disabled():  # shown with -s
+    print(f'\nval_loss after {BF16_STEPS} steps: float32 {a:.4f}, bfloat16 {b:.4f}, '
+          f'float32 seed 1 {c:.4f}')
   assert a != b  # bfloat16 did run: the numbers differ
   assert abs(b - a) <= BF16_MARGIN * a, (a, b)
   assert abs(b - a) < abs(c - a), (a, b, c)
   with open(os.path.join(tmp_path, 'bf16', 'summary.json')) as f:
     assert json.load(f)['val_loss'] == b
+  # The precision is not part of the model: a float32 run resumes in bfloat16 (CPU to GPU).
+  resumed = run('f32', precision='bfloat16', total_steps=BF16_STEPS + 2)
+  assert resumed['step'] == BF16_STEPS + 2
+  assert 'resumed from the checkpoint at step' in capsys.readouterr().out
