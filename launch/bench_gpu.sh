@@ -11,8 +11,8 @@
 #   bash launch/bench_gpu.sh --smoke    # every section at toy sizes on any machine; writes to a
 #                                       # temporary folder (BENCH_OUTPUT=path.md to choose)
 #
-# Finishes in under 8 minutes: ~10 s of checks, then the bench under a 400 s budget (decode 100 s,
-# train 150 s, ttft 150 s; an item whose estimate would overrun is skipped with a note), and
+# Finishes in under 8 minutes: ~10 s of checks, then the bench under a 400 s budget (decode 90 s,
+# train 130 s, ttft 180 s; an item whose estimate would overrun is skipped with a note), and
 # `timeout` stops it at BENCH_TIMEOUT_S (455 s) whatever happens. What a run needs besides the
 # repository, and how the budgets were derived: launch/README.md, "The GPU benchmark". A missing
 # package or a JAX without a GPU is one line on stderr and exit status 3. Extra arguments go to

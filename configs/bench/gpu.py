@@ -10,7 +10,7 @@ a transformer's parallel prefill). bfloat16 products with float32 parameters: wh
 
 Writes the 'gpu' section of docs/benchmarks.md and docs/benchmarks_gpu.json after every row.
 Budgets (seconds, `budget`): the whole run 400 (with the script's checks, Python's start-up and
-its `timeout`, under 8 minutes), decode 100, train 150, ttft 150; an item that would overrun its
+its `timeout`, under 8 minutes), decode 90, train 130, ttft 180; an item that would overrun its
 section is skipped with a note. How the budgets and the priors in `estimates` were derived:
 launch/README.md, "The GPU benchmark". `:smoke` (or `:runlocal`) gives toy sizes, no budgets.
 """
@@ -40,7 +40,7 @@ def get_config(arg=None):
                         **({'k_unroll': k} if k else {})}}
              for name, k in (('d5_c1120', 5), ('t12_c768', 0), ('t6_c1088', 0))]
   c.budget.total_s = 400.0
-  c.budget.sections.update(decode=100.0, train=150.0, ttft=150.0)
+  c.budget.sections.update(decode=90.0, train=130.0, ttft=180.0)
   c.write_partial = True
   if args.runlocal or args.smoke:
     _smoke(c)

@@ -74,7 +74,7 @@ def get_base(name: str, command: str) -> ml_collections.ConfigDict:
       'sections': {name: 0.0 for name in ('train', 'decode', 'generate', 'prefill', 'chunked',
                                           'ttft', 'scaling')}})
   c.estimates = ml_collections.ConfigDict({
-      'train_compile_s': 45.0, 'decode_compile_s': 20.0, 'ttft_compile_s': 10.0,
+      'train_compile_s': 45.0, 'decode_compile_s': 20.0, 'ttft_compile_s': 15.0,
       'decode_step_ms': 5.0, 'mfu': 0.3})
   # Write the section and the json after every row (a run stopped from outside keeps them).
   c.write_partial = False

@@ -341,8 +341,8 @@ def _chunked_section(ctx, section) -> None:
 
 def _ttft_section(ctx, section) -> None:
   """Time to the first token: each model, each prompt length, each prefill method of its kind.
-  Shorter prompts first, then the pairs in order, so a budget cuts the longest prompts last
-  listed."""
+  Model by model in the order listed (the paper's first pair first), each at every prompt
+  length, so a budget cuts the models listed last."""
   config, results, log = ctx.config, ctx.results, ctx.log
   t, est = config.ttft, config.estimates
   reps = {'warmup': t.warmup, 'repeats': t.repeats}
@@ -350,8 +350,8 @@ def _ttft_section(ctx, section) -> None:
   results['ttft'] = []
   step_ms = {r['model']: r['ms_per_token'] for r in results.get('decode', [])
              if r.get('batch') == 1 and r.get('model')}
-  for prompt_len in t.prompt_lens:
-    for name in t.models:
+  for name in t.models:
+    for prompt_len in t.prompt_lens:
       fields = _with_dtype({'name': name, 'vocab_size': t.vocab_size,
                             'max_len': prompt_len + 1}, config.dtype)
       cfg = suite.model_config(fields)
