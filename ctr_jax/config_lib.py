@@ -51,6 +51,8 @@ def get_base() -> ml_collections.ConfigDict:
   c.data.name = 'kjv_bible'      # 'kjv_bible' | 'openwebtext' | 'wikipedia' | 'pointer_chasing'
   c.data.data_dir = ''           # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets
   c.data.manual_dir = ''         # raw archives for openwebtext / wikipedia
+  c.data.num_workers = 0         # processes that read and tokenise openwebtext / wikipedia when
+                                 # they are prepared; 0 = every core this process may use
   c.data.seq_len = 256           # T, the paper's "block size"
                                  # (configs/pointer_chasing.py adds the pointer task's fields)
 

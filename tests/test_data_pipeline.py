@@ -137,7 +137,7 @@ def test_kjv_end_to_end(kjv_dataset):
   tok = ds.tokenizer
   assert tok.vocab_size == 512
   for tokens, docs in ((ds.train_tokens, 1130), (ds.validation_tokens, 59)):
-    assert tokens.dtype == np.int32 and tokens.ndim == 1
+    assert tokens.dtype == np.uint16 and tokens.ndim == 1
     assert int(np.sum(tokens == tok.eot_id)) == docs
     assert tokens[-1] == tok.eot_id
     assert 0 <= tokens.min() and tokens.max() < tok.vocab_size

@@ -96,6 +96,11 @@ def _load(path: str, vocab_size: int) -> Tokenizer:
   return Tokenizer(hf=hf, vocab_size=vocab_size, eot_id=eot_id, path=path)
 
 
+def load(path: str, vocab_size: int) -> Tokenizer:
+  """The tokenizer cached at `path` (a worker process loads the one its parent trained)."""
+  return _load(path, vocab_size)
+
+
 def _capped(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
   seen = 0
   for text in texts:

@@ -7,11 +7,19 @@ Only manual input is supported (`download_and_prepare` with a DownloadConfig who
 `xml.etree.ElementTree.iterparse`; article pages (namespace 0) that are not redirects are
 kept and cleaned by `clean_wikitext`. A stable hash of the title sends ~0.5% of the
 articles to `validation`. Each split is a full pass over the dump.
+
+For parallel preparation (ctr_jax/data/parallel.py) the dump comes in *units*: each numbered part
+is one (read whole by a worker), and a whole dump is decompressed here, in one process, and cut
+at page boundaries into chunks of about `CHUNK_BYTES` of XML that workers parse, clean and
+tokenise. A whole dump is therefore read at the speed of one core's bz2 decompression; the parts
+scale with cores. A damaged dump (truncated, not bz2, broken XML) stops the reading with a one-line
+ValueError naming the file.
 """
 
 import bz2
 from collections.abc import Callable, Iterator
 import html
+import io
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -25,6 +33,9 @@ DUMP_PATTERNS = ('enwiki-*-pages-articles*.xml.bz2', 'enwiki-*-pages-articles*.x
 EXPECTED = ('an English Wikipedia dump, enwiki-<date>-pages-articles[-multistream].xml.bz2 '
             'or its parts')
 SOURCE = 'https://dumps.wikimedia.org/enwiki/'
+CHUNK_BYTES = 16 * 2**20  # XML per unit when a whole dump is cut into chunks
+_READ_BYTES = 2**20
+_DAMAGE = (OSError, EOFError, ET.ParseError, ValueError)
 
 # ------------------------------------------------------------------------------------
 # Wikitext cleaning.
@@ -166,35 +177,119 @@ def iter_pages(path: str) -> Iterator[tuple[str, str, str, bool, str]]:
   """Yields `(page_id, title, namespace, is_redirect, wikitext)` for each page in a dump."""
   # bz2.open reads multistream files (concatenated bz2 streams) transparently.
   with bz2.open(path, 'rb') as f:
-    context = ET.iterparse(f, events=('start', 'end'))
-    _, root = next(context)
-    for event, elem in context:
-      if event != 'end' or _local(elem.tag) != 'page':
-        continue
-      fields = {'id': '', 'title': '', 'ns': '', 'text': ''}
-      redirect = False
-      for child in elem.iter():
-        name = _local(child.tag)
-        if name == 'redirect':
-          redirect = True
-        elif name in fields and not fields[name]:
-          # The first <id> is the page's; later ones belong to the revision/contributor.
-          fields[name] = child.text or ''
-      yield fields['id'], fields['title'], fields['ns'], redirect, fields['text']
-      # Free parsed pages, or memory grows with the whole dump.
-      elem.clear()
-      root.clear()
+    yield from _parse_pages(f)
+
+
+def _parse_pages(f) -> Iterator[tuple[str, str, str, bool, str]]:
+  context = ET.iterparse(f, events=('start', 'end'))
+  _, root = next(context)
+  for event, elem in context:
+    if event != 'end' or _local(elem.tag) != 'page':
+      continue
+    fields = {'id': '', 'title': '', 'ns': '', 'text': ''}
+    redirect = False
+    for child in elem.iter():
+      name = _local(child.tag)
+      if name == 'redirect':
+        redirect = True
+      elif name in fields and not fields[name]:
+        # The first <id> is the page's; later ones belong to the revision/contributor.
+        fields[name] = child.text or ''
+    yield fields['id'], fields['title'], fields['ns'], redirect, fields['text']
+    # Free parsed pages, or memory grows with the whole dump.
+    elem.clear()
+    root.clear()
+
+
+def _articles(pages) -> Iterator[tuple[str, str]]:
+  for _, title, namespace, redirect, text in pages:
+    if namespace.strip() != '0' or redirect:
+      continue
+    if text.lstrip()[:9].upper() == '#REDIRECT':  # Some dumps lack the <redirect> tag.
+      continue
+    yield title, text
+
+
+def _damaged(path: str, error: BaseException) -> ValueError:
+  detail = ' '.join(str(error).split()) or type(error).__name__
+  return ValueError(f'{path} is damaged ({detail}); no token cache was written: download it '
+                    f'again from {SOURCE}')
 
 
 def iter_articles(manual_dir: str | os.PathLike) -> Iterator[tuple[str, str]]:
   """Yields `(title, wikitext)` for non-redirect namespace-0 pages of the dump."""
+  for unit in iter_units(manual_dir):
+    yield from unit_articles(unit)
+
+
+# ------------------------------------------------------------------------------------
+# Units: a part file each, or chunks of whole pages cut from a whole dump.
+# ------------------------------------------------------------------------------------
+
+
+def _is_part(path: str) -> bool:
+  return not os.path.basename(path).endswith('.xml.bz2')
+
+
+def iter_units(manual_dir: str | os.PathLike) -> Iterator[tuple]:
+  """The dump as picklable units in a fixed order: `('file', path)` for a part, and
+  `('xml', path, index, data)` for chunks of whole `<page>` elements of a whole dump."""
   for path in find_inputs(manual_dir):
-    for _, title, namespace, redirect, text in iter_pages(path):
-      if namespace.strip() != '0' or redirect:
-        continue
-      if text.lstrip()[:9].upper() == '#REDIRECT':  # Some dumps lack the <redirect> tag.
-        continue
+    if _is_part(path):
+      yield ('file', path)
+      continue
+    try:
+      with bz2.open(path, 'rb') as f:
+        index, blocks, size = 0, [], 0
+        while True:
+          block = f.read(min(_READ_BYTES, CHUNK_BYTES))
+          blocks.append(block)
+          size += len(block)
+          if size >= CHUNK_BYTES or not block:
+            buffer = b''.join(blocks)
+            cut = buffer.rfind(b'</page>')
+            if cut >= 0:  # else one page is longer than a chunk: read on
+              cut += len(b'</page>')
+              yield ('xml', path, index, buffer[:cut])
+              index, buffer = index + 1, buffer[cut:]
+            blocks, size = [buffer], len(buffer)
+          if not block:
+            break
+    except _DAMAGE as e:
+      raise _damaged(path, e) from None
+
+
+def _pages_of_chunk(data: bytes) -> Iterator[tuple[str, str, str, bool, str]]:
+  start = data.find(b'<page>')
+  if start < 0:
+    return
+  # A root around the whole pages (the dump's own root and header are in the first chunk only).
+  yield from _parse_pages(io.BytesIO(b'<chunk>' + data[start:] + b'</chunk>'))
+
+
+def unit_articles(unit: tuple) -> Iterator[tuple[str, str]]:
+  """Yields `(title, wikitext)` for the articles of one unit of `iter_units`."""
+  where = unit[1]
+  try:
+    if unit[0] == 'file':
+      yield from _articles(iter_pages(unit[1]))
+    else:
+      yield from _articles(_pages_of_chunk(unit[3]))
+  except _DAMAGE as e:
+    raise _damaged(where, e) from None
+
+
+def unit_documents(unit: tuple) -> Iterator[tuple[str, str]]:
+  """Yields `(title, plain text)` for one unit's articles, cleaned; empty ones are dropped."""
+  for title, wikitext in unit_articles(unit):
+    text = clean_wikitext(wikitext)
+    if text:
       yield title, text
+
+
+def unit_size(unit: tuple) -> int:
+  """Bytes of input a unit stands for (compressed for a part, XML for a chunk)."""
+  return os.path.getsize(unit[1]) if unit[0] == 'file' else len(unit[3])
 
 
 class CtrWikipedia(common.ManualTextBuilder):

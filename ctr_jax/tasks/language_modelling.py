@@ -52,7 +52,16 @@ def sample_text(model, params, tokenizer, prompt: str, num_tokens: int, rng, *,
   return tokenizer.decode([int(t) for t in np.asarray(out[0])])
 
 
-@register('kjv_bible', 'openwebtext', 'wikipedia')
+def validate_lm_config(config) -> None:
+  """Data fields the pipeline cannot use, refused before the workdir is touched."""
+  pipeline.check_locations(config.data.data_dir, config.data.manual_dir)
+  workers = config.data.get('num_workers', 0)
+  if not isinstance(workers, int) or workers < 0:
+    raise ValueError(f'config.data.num_workers: must be an integer >= 0 (0 = every core), got '
+                     f'{workers!r}')
+
+
+@register('kjv_bible', 'openwebtext', 'wikipedia', validate_config=validate_lm_config)
 class LanguageModelling:
   """Next-token prediction: `losses.NextToken` with the config's convergence weight."""
 
@@ -65,7 +74,9 @@ class LanguageModelling:
     data = config.data
     self.dataset = pipeline.load(data.name, data_dir=data.data_dir,
                                  manual_dir=data.manual_dir or None,
-                                 vocab_size=config.model.vocab_size)
+                                 vocab_size=config.model.vocab_size,
+                                 num_workers=data.get('num_workers', 0),
+                                 progress=process_index == 0)
     self.tokenizer = self.dataset.tokenizer
     self.train_iter = pipeline.train_iterator(
         self.dataset, seq_len=data.seq_len, global_batch_size=config.batch_size, seed=config.seed,
