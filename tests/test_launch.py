@@ -1,5 +1,6 @@
 """Launch scripts: valid shell, and run.sh really runs the entry point."""
 
+import configparser
 import glob
 import json
 import os
@@ -122,3 +123,18 @@ def test_the_sbatch_scripts_run_one_srun_each(tmp_path, script, expected):
   calls, _ = _run_with_fakes(tmp_path, ['bash', script, 'configs/d5_c1120.py', '/shared/w',
                                         '--config.data.manual_dir=/shared/raw'])
   assert calls == [expected]
+
+
+def test_the_gcs_extra_and_one_statement_about_cloud_storage():
+  """Issue 40.4: `.[gcs]` brings what gs:// workdirs need, and the docs say the same thing."""
+
+  cfg = configparser.ConfigParser()
+  cfg.read(ROOT_PATH / 'setup.cfg')
+  extra = cfg['options.extras_require']['gcs']
+  assert 'gcsfs' in extra and 'google-cloud-storage' in extra
+  for path in ('launch/README.md', 'docs/notes.md', 'ctr_jax/training/workdir.py',
+               'ctr_jax/training/metrics.py', 'docs/usage.md'):
+    text = (ROOT_PATH / path).read_text()
+    assert '.[gcs]' in text, path
+    assert 'not supported by the metrics writer' not in text, path
+    assert 'nothing\nbut credentials' not in text and 'only credentials' not in text, path

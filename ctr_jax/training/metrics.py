@@ -1,7 +1,8 @@
 """What a user sees in the workdir: metrics.jsonl, TensorBoard events, curves.png, summary.json.
 
 Only process 0 writes; other processes get a writer whose methods do nothing. Files go through
-`etils.epath` (see ctr_jax/training/workdir.py), so a `gs://` workdir works like a local one.
+`etils.epath`, so a `gs://` workdir works like a local one with the `.[gcs]` extra installed
+(gcsfs for epath, google-cloud-storage for the TensorBoard events; ctr_jax/training/workdir.py).
 """
 
 import io

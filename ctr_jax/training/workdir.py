@@ -1,9 +1,11 @@
 """The workdir: its path (local or cloud), an exclusive lock, write checks and failure cleanup.
 
-Every workdir file goes through `etils.epath`, so `--workdir=gs://bucket/run` works with nothing
-but credentials (orbax and TFDS use epath too). Local paths keep the POSIX guarantees (atomic
-rename, `fcntl` locks); on object stores a single object write is atomic, and the lock is a lock
-file naming its holder.
+Every workdir file goes through `etils.epath`, so `--workdir=gs://bucket/run` works once
+`pip install -e ".[gcs]"` has brought gcsfs (epath's GCS backend) and google-cloud-storage
+(TensorBoard's), with the machine's credentials; orbax's tensorstore reads GCS itself
+(launch/README.md, "Workdirs"; data dirs are another matter: local or shared POSIX only). Local
+paths keep the POSIX guarantees (atomic rename, `fcntl` locks); on object stores a single object
+write is atomic, and the lock is a lock file naming its holder.
 """
 
 import fcntl
