@@ -211,10 +211,10 @@ def test_cudnn_is_chosen_only_where_jax_allows_it(monkeypatch):
     kernels.attention(*(jnp.zeros((1, 2, 8)),) * 3, jnp.ones((1, 2, 2), bool), 1.0, 'flash')
 
 
-def test_the_head_dim_table_in_benchmarks_md_is_the_size_table():
-  """docs/benchmarks.md's paper-size rows: Dh = C/16, whether it is a multiple of 8, and
+def test_the_head_dim_table_in_accelerators_md_is_the_size_table():
+  """docs/accelerators.md's paper-size rows: Dh = C/16, whether it is a multiple of 8, and
   attention's share of the step's model FLOPs at T = 256, K = 5, as computed now."""
-  text = open(os.path.join(ROOT, 'docs', 'benchmarks.md')).read()
+  text = open(os.path.join(ROOT, 'docs', 'accelerators.md')).read()
   rows = re.findall(r'^\| ([dt]\d+_c\d+) \| (\d+) \| (\d+) \| (yes|no) \| ([\d.]+)% \|$', text,
                     re.M)
   paper = {name for name, (_, _, width, _) in models.SIZES.items() if width >= 768}
