@@ -1,8 +1,10 @@
 """Small shared helpers for tests."""
 
+import io
 import os
 import subprocess
 import sys
+import tarfile
 
 import jax
 import numpy as np
@@ -127,3 +129,14 @@ def run_main(args, cwd=ROOT, env_extra=None, timeout=240) -> subprocess.Complete
   env.pop('CTR_JAX_TRACEBACK', None)
   return subprocess.run([sys.executable, '-m', 'ctr_jax.main', *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=timeout)
+
+
+def tar_bytes(members: dict[str, bytes], mode: str = 'w') -> bytes:
+  """A tar archive (compressed by `mode`, e.g. 'w:xz') holding `members`, as bytes."""
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode=mode) as tar:
+    for name, data in members.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  return buf.getvalue()

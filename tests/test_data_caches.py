@@ -5,18 +5,17 @@ truncated copy, a disk error) is deleted with a warning naming it and built agai
 """
 
 import glob
-import io
 import logging
 import os
 import subprocess
 import sys
-import tarfile
 
 import numpy as np
 import pytest
 
 from ctr_jax.data import openwebtext, pipeline
 from ctr_jax.data import tokenizer as tokenizer_lib
+from helpers import tar_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 320
@@ -109,18 +108,9 @@ def test_prepare_job_rebuilds_a_truncated_cache_and_says_so(built):
 # ------------------------------------------------------------------------------------------------
 
 
-def _tar(members: dict[str, bytes], mode='w') -> bytes:
-  buf = io.BytesIO()
-  with tarfile.open(fileobj=buf, mode=mode) as tar:
-    for name, data in members.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(data)
-      tar.addfile(info, io.BytesIO(data))
-  return buf.getvalue()
-
 
 def test_openwebtext_skips_an_oversized_member(tmp_path, monkeypatch, caplog):
-  subset = _tar({'0001.txt': b'small document', 'huge.txt': b'x' * 5000, '0002.txt': b'also'},
+  subset = tar_bytes({'0001.txt': b'small document', 'huge.txt': b'x' * 5000, '0002.txt': b'also'},
                 mode='w:xz')
   (tmp_path / 'urlsf_subset00-1_data.xz').write_bytes(subset)
   monkeypatch.setattr(openwebtext, 'MAX_DOCUMENT_BYTES', 1000)
@@ -131,7 +121,7 @@ def test_openwebtext_skips_an_oversized_member(tmp_path, monkeypatch, caplog):
   warnings = [r.getMessage() for r in caplog.records]
   assert any('huge.txt' in w and '5000 bytes' in w for w in warnings), warnings
   # The same inside the public archive (subsets are streamed, documents read whole) ...
-  outer = _tar({'openwebtext/urlsf_subset00-1_data.xz': subset}, mode='w:xz')
+  outer = tar_bytes({'openwebtext/urlsf_subset00-1_data.xz': subset}, mode='w:xz')
   (tmp_path / 'urlsf_subset00-1_data.xz').unlink()
   (tmp_path / openwebtext.ARCHIVE_NAME).write_bytes(outer)
   assert list(openwebtext.iter_documents(tmp_path)) == docs

@@ -7,7 +7,6 @@ and in parts. The caches must not depend on the layout or the number of workers.
 
 import bz2
 import glob
-import io
 import itertools
 import os
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 from ctr_jax import config_lib
 from ctr_jax.data import common, lock, openwebtext, parallel, pipeline, wikipedia
 from ctr_jax.data import tokenizer as tokenizer_lib
+from helpers import tar_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 300
@@ -31,15 +31,6 @@ def _text(seed: int, words: int = 60) -> str:
   rng = np.random.default_rng(seed)
   return ' '.join(WORDS[i] for i in rng.integers(0, len(WORDS), words)) + '.'
 
-
-def _tar(members: dict, mode: str = 'w') -> bytes:
-  buf = io.BytesIO()
-  with tarfile.open(fileobj=buf, mode=mode) as tar:
-    for name, data in members.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(data)
-      tar.addfile(info, io.BytesIO(data))
-  return buf.getvalue()
 
 
 def _validation_name(subset: int) -> str:
@@ -54,7 +45,7 @@ def _subsets(count=6, docs=40):
   for s in range(1, count + 1):
     members = {f'{s:04d}-{d}.txt': _text(s * 1000 + d).encode() for d in range(docs - 1)}
     members[_validation_name(s)] = _text(10**6 + s).encode()
-    archives[f'openwebtext/urlsf_subset00-{s}_data.xz'] = _tar(members, 'w:xz')
+    archives[f'openwebtext/urlsf_subset00-{s}_data.xz'] = tar_bytes(members, 'w:xz')
   return archives
 
 
@@ -62,12 +53,12 @@ def _owt_layouts(tmp_path):
   subsets = _subsets()
   archive = tmp_path / 'archive'
   archive.mkdir()
-  (archive / openwebtext.ARCHIVE_NAME).write_bytes(_tar(subsets, 'w:xz'))
+  (archive / openwebtext.ARCHIVE_NAME).write_bytes(tar_bytes(subsets, 'w:xz'))
   hf = tmp_path / 'hf' / 'subsets'
   hf.mkdir(parents=True)
   names = sorted(subsets)
-  (hf / 'urlsf_subset00.tar').write_bytes(_tar({n: subsets[n] for n in names[:4]}))
-  (hf / 'urlsf_subset01.tar').write_bytes(_tar({n: subsets[n] for n in names[4:]}))
+  (hf / 'urlsf_subset00.tar').write_bytes(tar_bytes({n: subsets[n] for n in names[:4]}))
+  (hf / 'urlsf_subset01.tar').write_bytes(tar_bytes({n: subsets[n] for n in names[4:]}))
   loose = tmp_path / 'loose'
   loose.mkdir()
   for name, data in subsets.items():
@@ -145,7 +136,7 @@ def test_a_damaged_archive_is_one_line_naming_it_and_writes_no_cache(tmp_path, w
       members[m.name] = tar.extractfile(m).read()
   name = sorted(members)[-1]
   members[name] = members[name][:len(members[name]) // 2]
-  hf_tar.write_bytes(_tar(members))
+  hf_tar.write_bytes(tar_bytes(members))
   archive = layouts['archive'] / openwebtext.ARCHIVE_NAME
   archive.write_bytes(archive.read_bytes()[:-200])
   for layout, where in (('hf', f'urlsf_subset01.tar:{name}'), ('archive', str(archive))):
@@ -165,9 +156,9 @@ def test_wrong_files_and_lfs_pointers_are_refused_before_any_work(tmp_path):
   (tmp_path / 'lfs' / 'subsets' / 'urlsf_subset00.tar').write_text(
       'version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 652000000\n')
   (tmp_path / 'wrong').mkdir()
-  (tmp_path / 'wrong' / 'urlsf_subset00.tar').write_bytes(_tar({'train.parquet': b'PAR1'}))
+  (tmp_path / 'wrong' / 'urlsf_subset00.tar').write_bytes(tar_bytes({'train.parquet': b'PAR1'}))
   (tmp_path / 'cut').mkdir()
-  whole = _tar({n: d for n, d in list(_subsets(count=2).items())})
+  whole = tar_bytes({n: d for n, d in list(_subsets(count=2).items())})
   (tmp_path / 'cut' / 'urlsf_subset00.tar').write_bytes(whole[:len(whole) // 1024 * 512])
   for manual, expected in (('lfs', 'is a Git LFS pointer'), ('wrong', "holds 'train.parquet'"),
                            ('cut', 'urlsf_subset00.tar is damaged .*truncated')):
