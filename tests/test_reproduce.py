@@ -35,9 +35,16 @@ def test_compare_is_paired_by_seed_and_needs_two_sigma():
 
 def test_table1_models_are_flop_matched_at_the_cpu_scale():
   models = repro_studies.table1_models(repro_studies.SCALES['cpu'])
-  assert {(m['kind'], m['depth']) for m in models} == (
-      {('context_ready', d) for d in (1, 2, 3)} | {('transformer', n) for n in (1, 2, 3, 4, 6)})
+  assert [lv.name for lv in repro_studies.SCALES['cpu'].levels] == ['~0.25M', '~1M', '~4M']
+  for level in ('~0.25M', '~1M', '~4M'):
+    assert {(m['kind'], m['depth']) for m in models if m['level'] == level} == (
+        {('context_ready', d) for d in (1, 2, 3)} | {('transformer', n) for n in (1, 2, 3, 4, 6)})
   assert all(m['matched'] and abs(m['ratio'] - 1) <= 0.03 for m in models)
+  # ~0.25M's models have 2 heads (a width step of 4), the other levels' 4.
+  assert {m['heads'] for m in models if m['level'] == '~0.25M'} == {2}
+  assert {m['heads'] for m in models if m['level'] != '~0.25M'} == {4}
+  small = [m for m in models if m['level'] == '~0.25M']
+  assert all(m['width'] % 4 == 0 for m in small)
 
 
 def test_table1_training_compute_matched_rows_at_1m():
@@ -57,11 +64,16 @@ def test_table1_training_compute_matched_rows_at_1m():
   truncated = rows['~1M D=1 C=176 m=2']
   assert truncated['arg'].endswith('size=d1_c176_h4,grad_iterations=2')
   assert truncated['training_flops_per_token'] == 12_131_328 and truncated['grad_iterations'] == 2
-  assert not any(g.startswith('~4M') and r['matching'] != 'inference' for g, r in rows.items())
+  # Every level has its three training-compute-matched rows, each within 3% of its D = 1 CRT.
+  for level in ('~0.25M', '~1M', '~4M'):
+    matched = [r for r in rows.values() if r['level'] == level and r['matching'] != 'inference']
+    assert sorted(r['matching'] for r in matched) == [
+        'total training FLOPs', 'training FLOPs/token', 'truncated gradients']
+    assert all(r['matched'] for r in matched), level
   # Every table1 table has the training-FLOP columns, "not run yet" rows included.
   lines, _ = repro_studies.table1_report([], repro_studies.SCALES['cpu'], '')
   text = '\n'.join(lines)
-  assert text.count('training FLOPs/token (x D=1) | training FLOPs, total (x D=1)') == 2
+  assert text.count('training FLOPs/token (x D=1) | training FLOPs, total (x D=1)') == 3
   assert '| ~1M N=2 C=288 train-matched | transformer, training FLOPs/token matched |' in text
   assert f'({steps:,} steps)' in text and '16,118,784 (1.00x) | 3.96e13 (1.00x)' in text
   # Epochs from the record's corpus size: 3,148 x 16 sequences over 1,000 windows.
@@ -160,6 +172,29 @@ def test_a_committed_record_counts_as_finished_without_its_workdir(tmp_path, mon
   assert results['rerun'] == 'python -m ctr_jax.projects.reproduce --study=k_min --seeds=1'
   assert results['machine'] != 'the old machine' and 'the old machine (1 run)' in report
   assert '1/3 runs finished' in report and '| K=2 fixed | 30.00 |' in report
+
+
+def test_fewer_seeds_train_less_and_keep_the_committed_seeds(tmp_path, monkeypatch):
+  """`--seeds=1` after a 2-seed study: only seed 0 may train, and the json keeps seed 1."""
+  scale = repro_studies.SCALES['tiny']
+  root, docs = str(tmp_path / 'runs'), str(tmp_path / 'docs')
+  extra = ('--config.data.data_dir=/data',)
+  two = {(r.group, r.seed): r for r in repro_studies.k_min_runs(scale, 2)}
+  second = two[('K=2 fixed', 1)]
+  kept = _committed(second, ' '.join(second.command(root, extra)))
+  os.makedirs(os.path.join(docs, 'reproduction'))
+  with open(os.path.join(docs, 'reproduction', 'k_min.json'), 'w') as f:
+    json.dump({'study': 'k_min', 'runs': [kept], 'machine': 'm'}, f)
+  launched = []
+  monkeypatch.setattr(repro_lib, 'execute_logged',
+                      lambda command, workdir: launched.append(workdir) or 1)
+  report = repro_registry.run_study('k_min', scale, 1, root, docs, extra)
+  assert sorted(launched) == sorted(r.workdir(root) for (_, s), r in two.items() if s == 0)
+  with open(os.path.join(docs, 'reproduction', 'k_min.json')) as f:
+    results = json.load(f)
+  assert [r['name'] for r in results['runs']] == [second.name]
+  assert results['rerun'] == 'python -m ctr_jax.projects.reproduce --study=k_min --seeds=2'
+  assert '1/6 runs finished' in report
 
 
 @pytest.mark.slow

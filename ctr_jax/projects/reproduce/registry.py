@@ -56,10 +56,14 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
   one run of each group to compare. `only`: train just the groups whose name contains one of
   these strings (the report still reads every finished run)."""
   study = STUDIES[name]
-  runs = study.runs(scale, seeds)
   # Workdirs do not outlive a session, the json does: a run without a finished workdir whose
   # record there is the same run (repro_lib.committed_record) is finished, kept, not retrained.
   committed = repro_lib.committed_records(name, docs)
+  # `seeds` says what to train; the report keeps every seed the json already has.
+  to_train = {run.name for run in study.runs(scale, seeds)}
+  seeds = max([seeds] + [r['seed'] + 1 for r in committed.values()
+                         if isinstance(r.get('seed'), int)])
+  runs = study.runs(scale, seeds)
   kept = {}
   for run in runs:
     if not repro_lib.finished(run, root):
@@ -68,7 +72,7 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
         kept[run.name] = {**record, 'rerun': ' '.join(run.command(root))}
   if train:
     chosen = [r for r in runs if (not only or any(o in r.group for o in only))
-              and r.name not in kept]
+              and r.name in to_train and r.name not in kept]
     for run in sorted(chosen, key=lambda r: r.seed):  # stable: init_from runs stay first
       code = repro_lib.execute(run, root, extra)
       if code:

@@ -25,6 +25,16 @@ from ctr_jax.projects.reproduce.lib import Run, compare, fmt, mean_std
 
 
 @dataclasses.dataclass(frozen=True)
+class Level:
+  """A table1 cost level: its name, its inference FLOPs per token, and its attention heads (0:
+  the scale's). Widths step by 2 x heads, so a small level may need fewer heads for every model
+  to land within 3% of the target."""
+  name: str
+  flops_per_token: int
+  heads: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Scale:
   """Sizes and budgets of one scale; every run of a study shares them."""
   vocab: int
@@ -32,7 +42,7 @@ class Scale:
   batch: int
   seq_len: int
   heads: int
-  levels: tuple          # (name, FLOPs/token of the level); every table1 model is within 3%
+  levels: tuple          # table1's Levels; every table1 model is within 3% of its level
   base_width: int        # the single-size studies (k_min, ablations, ...)
   widths: tuple          # the width study
   tokens_per_param: float
@@ -42,10 +52,14 @@ class Scale:
 
 SCALES = {
     'cpu': Scale(vocab=2048, steps=1200, batch=16, seq_len=128, heads=4,
-                 levels=(('~1M', 965_000), ('~4M', 4_114_432)), base_width=144, widths=(64, 128, 256),
-                 tokens_per_param=2.0, context_lengths=(64, 256), compute_matched=('~1M',)),
+                 # ~0.25M: the target and 2 heads that put all eight models within 2.9%
+                 # (4 heads, a width step of 8, leave some 5% off where V C dominates).
+                 levels=(Level('~0.25M', 231_500, heads=2), Level('~1M', 965_000),
+                         Level('~4M', 4_114_432)),
+                 base_width=144, widths=(64, 128, 256), tokens_per_param=2.0,
+                 context_lengths=(64, 256), compute_matched=('~0.25M', '~1M', '~4M')),
     # Seconds per run: what the tests use (the data_dir of the test fixtures has V = 320).
-    'tiny': Scale(vocab=320, steps=4, batch=2, seq_len=16, heads=2, levels=(('tiny', 43_008),),
+    'tiny': Scale(vocab=320, steps=4, batch=2, seq_len=16, heads=2, levels=(Level('tiny', 43_008),),
                   base_width=32, widths=(16, 32), tokens_per_param=0.002,
                   context_lengths=(8, 16), compute_matched=('tiny',)),
 }
@@ -56,6 +70,11 @@ def recipe_arg(scale: Scale, **fields) -> str:
   values = dict(steps=scale.steps, batch=scale.batch, seq_len=scale.seq_len, vocab=scale.vocab)
   values.update(fields)
   return ','.join(f'{k}={v}' for k, v in values.items())
+
+
+def level_heads(scale: Scale, level: str) -> int:
+  """The attention heads of a table1 level's models."""
+  return next(lv.heads for lv in scale.levels if lv.name == level) or scale.heads
 
 
 def size_name(kind: str, depth: int, width: int, heads: int) -> str:
@@ -83,15 +102,17 @@ def table1_models(scale: Scale) -> list[dict]:
   """Every inference-matched model of the table1 study with its cost, the level target and
   their ratio."""
   out = []
-  for level, target in scale.levels:
+  for level, target, _ in map(dataclasses.astuple, scale.levels):
+    heads = level_heads(scale, level)
     for kind, depths in (('context_ready', TABLE1_CRT_DEPTHS),
                          ('transformer', TABLE1_TRANSFORMER_DEPTHS)):
       for depth in depths:
-        c = flop_match.nearest_width(kind, depth, target, scale.vocab, scale.heads)
+        c = flop_match.nearest_width(kind, depth, target, scale.vocab, heads)
         flops = flop_match.cost(kind, depth, c, scale.vocab)
         out.append({'level': level, 'kind': kind, 'depth': depth, 'width': c,
                     'flops_per_token': flops, 'target_flops_per_token': target,
-                    'ratio': flops / target, 'matched': abs(flops / target - 1) <= 0.03})
+                    'ratio': flops / target, 'matched': abs(flops / target - 1) <= 0.03,
+                    'heads': heads})
   return out
 
 
@@ -129,10 +150,11 @@ def table1_rows(scale: Scale) -> list[dict]:
   training FLOPs per token and in total, and both as ratios to the level's D = 1 CRT."""
   rows = []
   for m in table1_models(scale):
-    size = size_name(m['kind'], m['depth'], m['width'], scale.heads)
+    size = size_name(m['kind'], m['depth'], m['width'], m['heads'])
     rows.append({**m, 'matching': 'inference', 'arg': recipe_arg(scale, size=size),
                  'group': f"{m['level']} {_label(m['kind'], m['depth'], m['width'])}"})
-  for level, _ in scale.levels:
+  for level in (lv.name for lv in scale.levels):
+    heads = level_heads(scale, level)
     mine = [r for r in rows if r['level'] == level]
     crt = next(r for r in mine if r['kind'] == 'context_ready' and r['depth'] == 1)
     base = next(r for r in mine if r['kind'] == 'transformer'
@@ -142,24 +164,23 @@ def table1_rows(scale: Scale) -> list[dict]:
     if level in scale.compute_matched:
       target = crt['training_flops_per_token']
       n = TABLE1_BASELINE_DEPTH
-      width = flop_match.nearest_training_width(n, target, scale.vocab, scale.seq_len,
-                                                scale.heads)
+      width = flop_match.nearest_training_width(n, target, scale.vocab, scale.seq_len, heads)
       steps = round(scale.steps * target / base['training_flops_per_token'])
-      crt_size = size_name('context_ready', 1, crt['width'], scale.heads)
+      crt_size = size_name('context_ready', 1, crt['width'], heads)
       for matching, depth, c, kind, group, arg in (
           ('training FLOPs/token', n, width, 'transformer',
            f'{level} {_label("transformer", n, width)} train-matched',
-           recipe_arg(scale, size=size_name('transformer', n, width, scale.heads))),
+           recipe_arg(scale, size=size_name('transformer', n, width, heads))),
           ('total training FLOPs', n, base['width'], 'transformer',
            f"{base['group']} {steps} steps",
-           recipe_arg(scale, size=size_name('transformer', n, base['width'], scale.heads),
+           recipe_arg(scale, size=size_name('transformer', n, base['width'], heads),
                       steps=steps)),
           ('truncated gradients', 1, crt['width'], 'context_ready',
            f"{crt['group']} m={TABLE1_GRAD_ITERATIONS}",
            recipe_arg(scale, size=crt_size, grad_iterations=TABLE1_GRAD_ITERATIONS))):
         flops = flop_match.cost(kind, depth, c, scale.vocab)
-        row = {'level': level, 'kind': kind, 'depth': depth, 'width': c, 'matching': matching,
-               'group': group, 'arg': arg, 'flops_per_token': flops,
+        row = {'level': level, 'kind': kind, 'depth': depth, 'width': c, 'heads': heads,
+               'matching': matching, 'group': group, 'arg': arg, 'flops_per_token': flops,
                'target_flops_per_token': crt['target_flops_per_token'],
                'ratio': flops / crt['target_flops_per_token'], **training_compute(arg)}
         if matching == 'training FLOPs/token':
@@ -233,7 +254,7 @@ def table1_report(records, scale, figure):
                   f"({r['group']}'s record).", '']
   verdicts = []
   groups = repro_lib.by_group(records)
-  for level, _ in scale.levels:
+  for level in (lv.name for lv in scale.levels):
     models = [m for m in rows if m['level'] == level]
     lines += [f'### Cost level {level} FLOPs/token', '',
               '| model | kind | FLOPs/token | ratio to level | training FLOPs/token (x D=1) | '
@@ -318,8 +339,8 @@ def _plot_curves(records, scale, path):
   groups = repro_lib.by_group(records)
   inference = {m['group'] for m in table1_rows(scale) if m['matching'] == 'inference'}
   # Levels with no finished run get no panel (the table says "not run yet").
-  levels = [level for level, _ in scale.levels
-            if any(g.startswith(f'{level} ') for g in groups)] or [scale.levels[0][0]]
+  levels = [lv.name for lv in scale.levels
+            if any(g.startswith(f'{lv.name} ') for g in groups)] or [scale.levels[0].name]
   fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4), squeeze=False)
   for ax, level in zip(axes[0], levels):
     mine = {g: rs for g, rs in groups.items() if g.startswith(f'{level} ')}
