@@ -9,8 +9,11 @@ the dequantized weights. The tokenizer tests build both vocabulary kinds and che
 a direct implementation of the SentencePiece merge rule / the byte-level round trip.
 """
 
+import json
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -389,6 +392,108 @@ def test_tokenizer_from_file(tmp_path):
              {'token_embd.weight': np.zeros((VOCAB, WIDTH))})
   assert pretrained.load_tokenizer(tmp_path / 't.gguf').encode('abc').ids == [2, SPM_PIECES.index(
       'abc')]
+
+
+# ------------------------------------------------------------------------------------------------
+# Damaged and hostile files (issue 41, item 10): one ValueError naming the file, within a
+# 4 GB address space. The loads run in a child process under RLIMIT_AS and a timeout.
+# ------------------------------------------------------------------------------------------------
+
+ADDRESS_SPACE = 4 << 30
+BOUNDED_LOADS = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+from ctr_jax import pretrained
+calls, texts = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+for loader, path in calls:
+  try:
+    result = getattr(pretrained, loader)(path)
+    ids = [result.encode(t).ids for t in texts] if loader == 'load_tokenizer' else None
+    print(json.dumps({'error': None, 'ids': ids}))
+  except Exception as e:  # MemoryError included: the test reports what escaped
+    print(json.dumps({'error': type(e).__name__, 'message': str(e)}))
+"""
+
+
+def bounded_loads(calls, texts=()):
+  """[{'error': exception name or None, 'message', 'ids' of texts}] of pretrained.<loader>(path)
+  for each (loader, path), all in one child process limited to ADDRESS_SPACE bytes."""
+  child = subprocess.run(
+      [sys.executable, '-c', BOUNDED_LOADS, str(ADDRESS_SPACE),
+       json.dumps([(loader, str(path)) for loader, path in calls]), json.dumps(list(texts))],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert child.returncode == 0, f'the loads were killed or crashed: {child.stderr[-2000:]}'
+  return [json.loads(line) for line in child.stdout.splitlines()]
+
+
+def assert_one_line_naming(result, path, *messages):
+  assert result['error'] == 'ValueError', result
+  assert result['message'].startswith(f'{path}: ') or result['message'].startswith(
+      f'{path} '), result
+  assert '\n' not in result['message'] and all(m in result['message'] for m in messages), result
+
+
+def test_a_truncated_file_is_one_line_naming_it(tmp_path):
+  whole = tmp_path / 'whole.gguf'
+  write_gguf(whole, 'llama', common_metadata('llama', 1, 2, 1e4),
+             random_tensors(0, 1, 2, LLAMA_BLOCK))
+  data = whole.read_bytes()
+  # Empty, inside the header, the metadata, the tensor infos, the tensor data, one byte short.
+  cuts = [0, 3, 20, 200, 1000, 3000, 6000, len(data) // 2, len(data) - 100, len(data) - 1]
+  calls = []
+  for cut in cuts:
+    path = tmp_path / f'cut{cut}.gguf'
+    path.write_bytes(data[:cut])
+    calls += [('load', path), ('load_tokenizer', path)]
+  for (_, path), result in zip(calls, bounded_loads(calls), strict=True):
+    assert_one_line_naming(result, path, 'is not a readable GGUF file', 'damaged or cut short')
+
+
+def bad_file(tmp_path, name, arch='llama', meta=None, tensors=None, drop=()):
+  block = GEMMA_BLOCK if arch == 'gemma3' else LLAMA_BLOCK
+  t = dict(random_tensors(0, 2, 2, block), **(tensors or {}))
+  path = tmp_path / f'{name}.gguf'
+  write_gguf(path, arch, dict(common_metadata(arch, 2, 2, 1e4), **(meta or {})),
+             {k: v for k, v in t.items() if k not in drop})
+  return path
+
+
+def test_bad_metadata_and_tensor_shapes_are_one_line_naming_the_file(tmp_path):
+  cases = [  # (loader, path, what the message says besides the file's name)
+      ('load', bad_file(tmp_path, 'heads0', 'gemma3', {'gemma3.attention.head_count': 0}),
+       'gemma3.attention.head_count must be an integer in [1, 2147483647], got 0'),
+      ('load', bad_file(tmp_path, 'llama_heads0', meta={'llama.attention.head_count': 0}),
+       'llama.attention.head_count must be an integer in [1, '),
+      ('load', bad_file(tmp_path, 'kv0', meta={'llama.attention.head_count_kv': 0}),
+       'llama.attention.head_count_kv must be an integer in [1, '),
+      ('load', bad_file(tmp_path, 'blocks0', meta={'llama.block_count': 0}),
+       'llama.block_count must be an integer in [1, '),
+      ('load', bad_file(tmp_path, 'pattern0', 'gemma3',
+                        {'gemma3.attention.sliding_window_pattern': 0}),
+       'gemma3.attention.sliding_window_pattern must be an integer in [1, '),
+      ('load', bad_file(tmp_path, 'eps', meta={'llama.attention.layer_norm_rms_epsilon':
+                                               float('nan')}),
+       'llama.attention.layer_norm_rms_epsilon must be a finite number >= 0, got nan'),
+      ('load', bad_file(tmp_path, 'q_shape', tensors={'blk.1.attn_q.weight':
+                                                      np.zeros((WIDTH + 1, WIDTH))}),
+       "GGUF tensor 'blk.1.attn_q.weight' has shape [33, 32], but the metadata implies [32, 32]"),
+      ('load', bad_file(tmp_path, 'norm_shape', 'gemma3', tensors={
+          'blk.0.attn_k_norm.weight': np.ones(2 * HEAD_DIM)}),
+       "'blk.0.attn_k_norm.weight' has shape [16], but the metadata implies [8]"),
+      ('load', bad_file(tmp_path, 'missing', drop=('blk.1.ffn_up.weight',)),
+       "lacks tensors that its metadata implies (llama.block_count=2): ['blk.1.ffn_up.weight']"),
+      ('load', bad_file(tmp_path, 'extra', tensors={'blk.2.ffn_up.weight': np.zeros((FF, WIDTH))}),
+       "['blk.2.ffn_up.weight'] (layers beyond llama.block_count=2)"),
+      ('load', bad_file(tmp_path, 'kv3', meta={'llama.attention.head_count_kv': 3}),
+       'num_heads=4 must be a multiple of num_kv_heads=3'),
+      ('load_tokenizer', bad_file(tmp_path, 'bos', meta={'tokenizer.ggml.bos_token_id': VOCAB}),
+       f'tokenizer.ggml.bos_token_id is {VOCAB}, not a token id'),
+      ('load_tokenizer', bad_file(tmp_path, 'types', meta={'tokenizer.ggml.token_type': [1, 1]}),
+       f'tokenizer.ggml.token_type has 2 entries for {VOCAB} tokens'),
+  ]
+  results = bounded_loads([(loader, path) for loader, path, _ in cases])
+  for (_, path, message), result in zip(cases, results, strict=True):
+    assert_one_line_naming(result, path, message)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ names the file (and the field), never a library's bare exception:
   load_safetensors(directory, name)  one safetensors file's tensors.
   read_tokenizer(path)         a `tokenizers.Tokenizer`.
   naming(path)                 a context: the rest of the mapping's errors name `path`.
+  check_int / check_float      one size or float field, named as `path: field` (the GGUF reader
+                               checks its metadata keys with them too).
 
 Confinement: a file name taken from the checkpoint (a `weight_map` value) must be relative and
 free of `..`, and the file it resolves to (symlinks followed) must lie inside the directory;
@@ -96,12 +98,13 @@ def _check_fields(node: dict, path: str, where: str) -> None:
     elif value is None:
       continue
     elif key in POSITIVE_INTS or key in NON_NEGATIVE_INTS:
-      _check_int(value, path, field, 1 if key in POSITIVE_INTS else 0)
+      check_int(value, path, field, 1 if key in POSITIVE_INTS else 0)
     elif key in POSITIVE_FLOATS or key in NON_NEGATIVE_FLOATS:
-      _check_float(value, path, field, positive=key in POSITIVE_FLOATS)
+      check_float(value, path, field, positive=key in POSITIVE_FLOATS)
 
 
-def _check_int(value, path: str, field: str, minimum: int) -> None:
+def check_int(value, path: str, field: str, minimum: int) -> None:
+  """ValueError `path: field must be an integer in [minimum, MAX_SIZE]` unless it is one."""
   ok = (isinstance(value, int) and not isinstance(value, bool)) or (
       isinstance(value, float) and math.isfinite(value) and value == int(value))
   if not ok or not minimum <= value <= MAX_SIZE:
@@ -109,7 +112,8 @@ def _check_int(value, path: str, field: str, minimum: int) -> None:
                      f'{value!r}')
 
 
-def _check_float(value, path: str, field: str, positive: bool) -> None:
+def check_float(value, path: str, field: str, positive: bool) -> None:
+  """ValueError `path: field must be a finite number > 0` (>= 0 unless positive) unless it is."""
   ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
   if not ok or value < 0 or (positive and value == 0):
     raise ValueError(f'{path}: {field} must be a finite number {"> 0" if positive else ">= 0"}, '
@@ -182,6 +186,6 @@ def naming(path: str):
     if path in str(e):
       raise
     raise ValueError(f'{path}: {e}') from None
-  except (TypeError, AttributeError, ZeroDivisionError, OverflowError) as e:
+  except (TypeError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as e:
     raise ValueError(f'{path}: a field has an unusable value ({type(e).__name__}: {e})'
                      ) from None

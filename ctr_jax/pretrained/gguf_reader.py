@@ -20,6 +20,11 @@ gemma3_text) and 'llama'. llama.cpp's converter changed three things, undone her
 
 Everything else that has no exact equivalent (other architectures, integer or not-dequantizable
 tensor types, non-linear RoPE scaling, unknown tensors) raises ValueError.
+
+Files are untrusted input, as for `hf` (ctr_jax/pretrained/checks.py): a damaged or truncated
+file, a size key that is not a positive integer (`gemma3.attention.head_count` = 0), a tensor
+whose shape the metadata does not imply, or a missing tensor ends in one `ValueError:
+<path>: ...` line, never the reader's IndexError or numpy's 'cannot reshape array'.
 """
 
 import os
@@ -29,10 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ctr_jax import models
-from ctr_jax.pretrained import gguf_tokenizer, hf
+from ctr_jax.pretrained import checks, gguf_tokenizer, hf
 
-__all__ = ['ARCHITECTURES', 'read', 'hf_config', 'hf_tensors', 'load', 'load_tokenizer',
-           'load_with_tokenizer']
+__all__ = ['ARCHITECTURES', 'read', 'check_metadata', 'hf_config', 'expected_shapes',
+           'hf_tensors', 'load', 'load_tokenizer', 'load_with_tokenizer']
 
 ARCHITECTURES = ('gemma3', 'llama')
 _INSTALL = 'pip install -e ".[models]"  (or: pip install gguf)'
@@ -53,6 +58,18 @@ _BLOCK_NAMES = {
 }
 _GLOBAL_NAMES = {'token_embd.weight': 'model.embed_tokens.weight',
                  'output_norm.weight': 'model.norm.weight', 'output.weight': 'lm_head.weight'}
+# Metadata keys (after '<arch>.') checked like config.json's fields before anything uses them:
+# sizes and counts, then floats. A per-layer array is checked entry by entry.
+_POSITIVE_INTS = ('embedding_length', 'block_count', 'feed_forward_length', 'context_length',
+                  'attention.head_count', 'attention.head_count_kv', 'attention.key_length',
+                  'attention.value_length', 'rope.dimension_count')
+_NON_NEGATIVE_INTS = ('attention.sliding_window', 'expert_count')
+_POSITIVE_FLOATS = ('rope.freq_base', 'rope.freq_base_swa', 'rope.scaling.factor',
+                    'attention.scale')
+_NON_NEGATIVE_FLOATS = ('attention.layer_norm_rms_epsilon',)
+# What the GGUF reader and numpy raise on a damaged or truncated file (short reads show up as
+# failed views and reshapes, bad enums and UTF-8 as ValueError, duplicate keys as KeyError).
+_DAMAGED = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError)
 
 
 def _gguf():
@@ -83,17 +100,52 @@ def _dequantize(gguf, tensor) -> np.ndarray:
   return np.asarray(value, np.float32).reshape(shape)
 
 
+def _open(gguf, path: str, prefix: str = '') -> tuple[object, dict]:
+  """(reader, {key: python value} of the metadata keys starting with `prefix`)."""
+  if not os.path.isfile(path):
+    raise ValueError(f'{path} is not a file; expected a .gguf file')
+  try:
+    reader = gguf.GGUFReader(path)
+    metadata = {key: field.contents() for key, field in reader.fields.items()
+                if key.startswith(prefix) and not key.startswith('GGUF.')}
+  except _DAMAGED as e:
+    raise ValueError(f'{path} is not a readable GGUF file ({os.path.getsize(path)} bytes; '
+                     f'damaged or cut short): {type(e).__name__}: {" ".join(str(e).split())}'
+                     ) from None
+  return reader, metadata
+
+
 def read(path) -> tuple[dict, dict[str, np.ndarray]]:
   """(metadata {key: python value}, {GGUF tensor name: float32 array}) of a .gguf file."""
   gguf = _gguf()
   path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise ValueError(f'{path} is not a file; expected a .gguf file')
-  reader = gguf.GGUFReader(path)
-  metadata = {key: field.contents() for key, field in reader.fields.items()
-              if not key.startswith('GGUF.')}
-  _check_architecture(metadata)
-  return metadata, {t.name: _dequantize(gguf, t) for t in reader.tensors}
+  reader, metadata = _open(gguf, path)
+  check_metadata(metadata, path)
+  with checks.naming(path):
+    return metadata, {t.name: _dequantize(gguf, t) for t in reader.tensors}
+
+
+def check_metadata(metadata: dict, path: str) -> None:
+  """The architecture is supported and every size / float key is usable, or ValueError."""
+  with checks.naming(path):
+    arch = _check_architecture(metadata)
+  fields = [(name, True, 1) for name in _POSITIVE_INTS] + [
+      (name, True, 0) for name in _NON_NEGATIVE_INTS] + [
+          (name, False, True) for name in _POSITIVE_FLOATS] + [
+              (name, False, False) for name in _NON_NEGATIVE_FLOATS]
+  pattern = metadata.get(f'{arch}.attention.sliding_window_pattern')
+  if pattern is not None and not isinstance(pattern, list):  # a list holds one flag per layer
+    fields.append(('attention.sliding_window_pattern', True, 1))
+  for name, integer, bound in fields:
+    key = f'{arch}.{name}'
+    value = metadata.get(key)
+    for entry in value if isinstance(value, list) else [value]:
+      if entry is None:
+        continue
+      if integer:
+        checks.check_int(entry, path, key, bound)
+      else:
+        checks.check_float(entry, path, key, positive=bound)
 
 
 def _check_architecture(metadata: dict) -> str:
@@ -188,16 +240,48 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
   return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def expected_shapes(arch: str, config: dict) -> dict[str, tuple[int, ...]]:
+  """{GGUF tensor name: numpy shape ([rows, cols])} that the config (from the metadata) implies."""
+  width, ff, head_dim = config['hidden_size'], config['intermediate_size'], config['head_dim']
+  q_rows = config['num_attention_heads'] * head_dim
+  kv_rows = config['num_key_value_heads'] * head_dim
+  block = {'attn_q': (q_rows, width), 'attn_k': (kv_rows, width), 'attn_v': (kv_rows, width),
+           'attn_output': (width, q_rows), 'ffn_gate': (ff, width), 'ffn_up': (ff, width),
+           'ffn_down': (width, ff), 'attn_q_norm': (head_dim,), 'attn_k_norm': (head_dim,)}
+  shapes = {'token_embd.weight': (config['vocab_size'], width), 'output_norm.weight': (width,)}
+  if not config['tie_word_embeddings']:
+    shapes['output.weight'] = (config['vocab_size'], width)
+  for layer in range(config['num_hidden_layers']):
+    for name in _BLOCK_NAMES[arch]:
+      shapes[f'blk.{layer}.{name}.weight'] = block.get(name, (width,))  # the rest are norms
+  return shapes
+
+
+def _check_shapes(arch: str, tensors: dict[str, np.ndarray], config: dict) -> None:
+  """Every tensor the model needs is there, with the shape the metadata implies."""
+  want = expected_shapes(arch, config)
+  for name, value in tensors.items():
+    if name in want and np.shape(value) != want[name]:
+      raise ValueError(f'GGUF tensor {name!r} has shape {list(np.shape(value))}, but the '
+                       f'metadata implies {list(want[name])} (numpy order: [out, in])')
+  missing = sorted(set(want) - set(tensors))
+  if missing:
+    more = f' and {len(missing) - 6} more' if len(missing) > 6 else ''
+    raise ValueError(f'GGUF file lacks tensors that its metadata implies ({arch}.block_count='
+                     f'{config["num_hidden_layers"]}): {missing[:6]}{more}')
+
+
 def hf_tensors(metadata: dict, tensors: dict[str, np.ndarray], config: dict) -> dict:
   """GGUF tensors under their Hugging Face names, with llama.cpp's changes undone."""
   arch = _check_architecture(metadata)
+  _check_shapes(arch, tensors, config)
   out, unknown = {}, []
   for name, value in tensors.items():
     parts = name.split('.')
     if name in _GLOBAL_NAMES:
       hf_name = _GLOBAL_NAMES[name]
     elif (len(parts) == 4 and parts[0] == 'blk' and parts[1].isdigit() and parts[3] == 'weight'
-          and parts[2] in _BLOCK_NAMES[arch]):
+          and parts[2] in _BLOCK_NAMES[arch] and int(parts[1]) < config['num_hidden_layers']):
       hf_name = f'model.layers.{parts[1]}.{_BLOCK_NAMES[arch][parts[2]]}.weight'
     else:
       unknown.append(name)
@@ -210,8 +294,12 @@ def hf_tensors(metadata: dict, tensors: dict[str, np.ndarray], config: dict) -> 
       value = _unpermute(value, config['num_key_value_heads'])
     out[hf_name] = value
   if unknown:
+    depth = config['num_hidden_layers']
+    beyond = [n for n in unknown if n.startswith('blk.') and n.split('.')[1].isdigit()
+              and int(n.split('.')[1]) >= depth]
     hint = (" (rope_freqs: Llama 3.1-style RoPE scaling, which has no equivalent here)"
-            if 'rope_freqs.weight' in unknown else '')
+            if 'rope_freqs.weight' in unknown else
+            f' (layers beyond {arch}.block_count={depth})' if beyond else '')
     raise ValueError(f'GGUF tensors not understood for {arch!r}: {sorted(unknown)[:8]}{hint}')
   return out
 
@@ -227,12 +315,15 @@ def _check_fits(model, params):
     raise ValueError(f'converted GGUF parameters do not fit the model: {diff[:6]}')
 
 
-def _build(metadata: dict, tensors: dict, dtype: str, param_dtype: str | None):
-  config = hf_config(metadata, tensors)
-  cfg = hf.model_config_from_hf(config, dtype=dtype, param_dtype=param_dtype)
-  model = models.build(cfg)
-  params = hf.convert_params(config, hf_tensors(metadata, tensors, config), model.spec)
-  _check_fits(model, params)
+def _build(path: str, metadata: dict, tensors: dict, dtype: str, param_dtype: str | None):
+  """(model, variables); every failure is a ValueError naming `path`."""
+  with checks.naming(path):
+    config = hf_config(metadata, tensors)
+    checks.check_config(config, path)  # what the metadata left to defaults (head_dim = C / H)
+    cfg = hf.model_config_from_hf(config, dtype=dtype, param_dtype=param_dtype)
+    model = models.build(cfg)
+    params = hf.convert_params(config, hf_tensors(metadata, tensors, config), model.spec)
+    _check_fits(model, params)
   pdt = jnp.dtype(cfg.param_dtype)
   return model, {'params': jax.tree.map(lambda x: jnp.asarray(x, pdt), params)}
 
@@ -243,19 +334,21 @@ def load(path, *, dtype: str = 'float32', param_dtype: str | None = None):
   Quantized tensors are dequantized to float32 first, so 'float32' computes with exactly the
   weights llama.cpp computes with.
   """
-  return _build(*read(path), dtype, param_dtype)
+  return _build(os.fspath(path), *read(path), dtype, param_dtype)
 
 
 def load_tokenizer(path):
   """The `tokenizers.Tokenizer` of a .gguf file's vocabulary (see ctr_jax/pretrained/gguf_tokenizer.py)."""
-  gguf = _gguf()
-  reader = gguf.GGUFReader(os.fspath(path))
-  return gguf_tokenizer.from_metadata({key: field.contents() for key, field in
-                                       reader.fields.items() if key.startswith('tokenizer.')})
+  path = os.fspath(path)
+  _, metadata = _open(_gguf(), path, prefix='tokenizer.')
+  with checks.naming(path):
+    return gguf_tokenizer.from_metadata(metadata)
 
 
 def load_with_tokenizer(path, *, dtype: str = 'float32', param_dtype: str | None = None):
   """(model, variables, tokenizer), reading the file once."""
+  path = os.fspath(path)
   metadata, tensors = read(path)
-  model, variables = _build(metadata, tensors, dtype, param_dtype)
-  return model, variables, gguf_tokenizer.from_metadata(metadata)
+  model, variables = _build(path, metadata, tensors, dtype, param_dtype)
+  with checks.naming(path):
+    return model, variables, gguf_tokenizer.from_metadata(metadata)

@@ -40,12 +40,21 @@ def _sentencepiece_merges(tokens: list[str], scores: list[float], vocab: dict) -
   return [(left, right) for _, _, left, right in ranked]
 
 
+def _check_token_id(metadata: dict, key: str, tokens: list[str]):
+  """The token id stored under `key` (None if absent), or ValueError if it is not one."""
+  index = metadata.get(key)
+  if index is not None and not (isinstance(index, int) and 0 <= index < len(tokens)):
+    raise ValueError(f'GGUF {key} is {index!r}, not a token id (the vocabulary has '
+                     f'{len(tokens)} tokens)')
+  return index
+
+
 def _sentencepiece(tk, metadata: dict, tokens: list[str], vocab: dict):
   scores = metadata.get('tokenizer.ggml.scores')
   if not scores or len(scores) != len(tokens):
     raise ValueError("GGUF tokenizer.ggml.model 'llama' needs tokenizer.ggml.scores, one per "
                      'token')
-  unk = metadata.get('tokenizer.ggml.unknown_token_id')
+  unk = _check_token_id(metadata, 'tokenizer.ggml.unknown_token_id', tokens)
   model = tk.models.BPE(vocab, _sentencepiece_merges(tokens, scores, vocab),
                         unk_token=tokens[unk] if unk is not None else None, fuse_unk=True,
                         byte_fallback=True)
@@ -86,7 +95,7 @@ def _byte_level(tk, metadata: dict, vocab: dict):
 def _post_processor(tk, metadata: dict, tokens: list[str], kind: str):
   ends = []
   for which, default in (('bos', kind == 'llama'), ('eos', False)):
-    index = metadata.get(f'tokenizer.ggml.{which}_token_id')
+    index = _check_token_id(metadata, f'tokenizer.ggml.{which}_token_id', tokens)
     if metadata.get(f'tokenizer.ggml.add_{which}_token', default) and index is not None:
       ends.append((which, tokens[index], int(index)))
   if not ends:
@@ -110,6 +119,9 @@ def from_metadata(metadata: dict):
   if not tokens:
     raise ValueError('GGUF file has no tokenizer.ggml.tokens vocabulary')
   types = list(metadata.get('tokenizer.ggml.token_type') or [_NORMAL] * len(tokens))
+  if len(types) != len(tokens):
+    raise ValueError(f'GGUF tokenizer.ggml.token_type has {len(types)} entries for '
+                     f'{len(tokens)} tokens')
   vocab = {}
   for index, token in enumerate(tokens):
     vocab.setdefault(token, index)  # a repeated string keeps its first id
