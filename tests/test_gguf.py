@@ -299,14 +299,15 @@ def test_unknown_tensor_and_options_are_refused(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
-def sentencepiece_encode(text):
+def sentencepiece_encode(text, pieces=SPM_PIECES, types=SPM_TYPES, scores=SPM_SCORES, bos=2):
   """SentencePiece BPE as llama.cpp's SPM tokenizer: user-defined / control pieces first, then
   repeatedly join the adjacent pair whose joined piece scores highest (leftmost on ties);
   characters outside the vocabulary fall back to their UTF-8 bytes."""
-  ids = {p: i for i, p in enumerate(SPM_PIECES)}
-  specials = sorted((p for p, ty in zip(SPM_PIECES, SPM_TYPES) if ty in (3, 4)), key=len,
-                    reverse=True)
-  out, rest = [2], text
+  ids = {}
+  for i, p in enumerate(pieces):
+    ids.setdefault(p, i)
+  specials = sorted((p for p, ty in zip(pieces, types) if ty in (3, 4)), key=len, reverse=True)
+  out, rest = [bos], text
   chunks, buf = [], ''
   while rest:
     match = next((s for s in specials if rest.startswith(s)), None)
@@ -325,8 +326,8 @@ def sentencepiece_encode(text):
       best = None
       for i in range(len(symbols) - 1):
         joined = symbols[i] + symbols[i + 1]
-        if joined in ids and SPM_TYPES[ids[joined]] == 1 and (
-            best is None or SPM_SCORES[ids[joined]] > SPM_SCORES[ids[best[1]]]):
+        if joined in ids and types[ids[joined]] == 1 and (
+            best is None or scores[ids[joined]] > scores[ids[best[1]]]):
           best = (i, joined)
       if best is None:
         break
@@ -395,7 +396,7 @@ def test_tokenizer_from_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Damaged and hostile files (issue 41, item 10): one ValueError naming the file, within a
+# Damaged and hostile files (issue 41, items 2 and 10): one ValueError naming the file, within a
 # 4 GB address space. The loads run in a child process under RLIMIT_AS and a timeout.
 # ------------------------------------------------------------------------------------------------
 
@@ -431,6 +432,45 @@ def assert_one_line_naming(result, path, *messages):
   assert result['message'].startswith(f'{path}: ') or result['message'].startswith(
       f'{path} '), result
   assert '\n' not in result['message'] and all(m in result['message'] for m in messages), result
+
+
+def write_vocabulary(path, pieces):
+  """A tiny llama model whose SentencePiece vocabulary is `pieces`, scored by length."""
+  meta = dict(common_metadata('llama', 1, 2, 1e4), **{
+      'tokenizer.ggml.tokens': pieces, 'tokenizer.ggml.scores': [float(len(p)) for p in pieces],
+      'tokenizer.ggml.token_type': [1] * len(pieces), 'tokenizer.ggml.bos_token_id': 0,
+      'tokenizer.ggml.eos_token_id': 0, 'tokenizer.ggml.unknown_token_id': 0})
+  write_gguf(path, 'llama', meta, random_tensors(0, 1, 2, LLAMA_BLOCK))
+  return path
+
+
+def test_a_vocabulary_of_nested_pieces_is_refused_within_4_gb(tmp_path):
+  # 'a', 'aa', ..., 3000 a's: 4.6 MB. Every split of every piece is a merge, so all merges'
+  # strings added up were cubic in the length: MemoryError at 3.8 GB after 12-19 s under this
+  # limit (13.7 GB without one). Now one line naming the file, before any merge is made.
+  path = write_vocabulary(tmp_path / 'nested.gguf', ['a' * n for n in range(1, 3001)])
+  assert os.path.getsize(path) > 4_500_000
+  tokenizer, model = bounded_loads([('load_tokenizer', path), ('load', path)])
+  assert_one_line_naming(tokenizer, path, 'tokenizer.ggml.tokens[2999] is 3000 characters long',
+                         f'MAX_PIECE_CHARS={gguf_tokenizer.MAX_PIECE_CHARS}')
+  assert model['error'] is None, model  # the model does not need the vocabulary
+
+
+def test_nested_pieces_up_to_the_limit_tokenize_as_sentencepiece(tmp_path):
+  # Families c, cc, ..., c * MAX_PIECE_CHARS: the most merges per byte a vocabulary can ask for.
+  limit = gguf_tokenizer.MAX_PIECE_CHARS
+  pieces = ['<unk>'] + [c * n for c in 'abcdefghij' for n in range(1, limit + 1)]
+  path = write_vocabulary(tmp_path / 'limit.gguf', pieces)
+  too_long = write_vocabulary(tmp_path / 'long.gguf', pieces + ['k' * (limit + 1)])
+  texts = ['a' * limit, 'b' * (limit + 7) + 'cc', 'abba' + 'j' * 77 + 'eeed', 'a' * 300]
+  tokenizer, refused = bounded_loads([('load_tokenizer', path), ('load_tokenizer', too_long)],
+                                     texts)
+  assert tokenizer['error'] is None, tokenizer
+  types, scores = [1] * len(pieces), [float(len(p)) for p in pieces]  # as write_vocabulary
+  assert tokenizer['ids'] == [sentencepiece_encode(t, pieces, types, scores, bos=0)
+                              for t in texts]
+  assert tokenizer['ids'][0] == [0, pieces.index('a' * limit)]
+  assert_one_line_naming(refused, too_long, f'is {limit + 1} characters long')
 
 
 def test_a_truncated_file_is_one_line_naming_it(tmp_path):

@@ -10,6 +10,11 @@
       model whose merges are every (left, right) split of every piece, ranked by the joined
       piece's score, makes the same choices (transformers builds Gemma's tokenizer.json the
       same way). Spaces become '▁'; a leading '▁' is added only with add_space_prefix.
+      A piece of L characters has at most L - 1 such splits, so the merges are built in time
+      and memory proportional to MAX_PIECE_CHARS times the vocabulary's size; a piece longer
+      than MAX_PIECE_CHARS (128; Gemma 3's longest is 31) is refused, since a vocabulary of
+      nested pieces ('a', 'aa', 'aaa', ...) has a number of merges that grows with the square
+      of the piece length (a 4.6 MB file asked for more than 13 GB).
   'gpt2'   byte-level BPE (SmolLM2, GPT-2): the stored merges, and the pre-tokenizer regex that
       `tokenizer.ggml.pre` names ('default' / 'gpt-2': GPT-2's; 'smollm': every digit on its
       own first, as llama.cpp's SMOLLM pre-type and SmolLM2's tokenizer.json).
@@ -21,23 +26,30 @@ the raw text, as SentencePiece and llama.cpp match them. BOS / EOS are prepended
 """
 import tokenizers
 
-__all__ = ['MODELS', 'GPT2_PRE_TOKENIZERS', 'from_metadata']
+__all__ = ['MODELS', 'GPT2_PRE_TOKENIZERS', 'MAX_PIECE_CHARS', 'from_metadata']
 
 MODELS = ('llama', 'gpt2')
 GPT2_PRE_TOKENIZERS = ('default', 'gpt-2', 'gpt2', 'smollm')
+# The longest SentencePiece piece accepted (characters): bounds the merges at 127 per piece.
+MAX_PIECE_CHARS = 128
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 
 def _sentencepiece_merges(tokens: list[str], scores: list[float], vocab: dict) -> list:
-  """Every (left, right) with left + right a piece, best-scoring joined piece first."""
-  ranked = []
-  for piece, index in vocab.items():
+  """Every (left, right) with left + right a piece, best-scoring joined piece first.
+
+  The order of sorting all (-score, id, left, right) tuples, without building them: pieces in
+  (-score, id) order, each one's splits by growing left part (a shorter prefix sorts first).
+  left and right are the vocabulary's own string objects, so a merge costs one tuple.
+  """
+  merges = []
+  for index in sorted(vocab.values(), key=lambda i: (-scores[i], i)):
+    piece = tokens[index]
     for cut in range(1, len(piece)):
-      left, right = piece[:cut], piece[cut:]
-      if left in vocab and right in vocab:
-        ranked.append((-scores[index], index, left, right))
-  ranked.sort()
-  return [(left, right) for _, _, left, right in ranked]
+      left, right = vocab.get(piece[:cut]), vocab.get(piece[cut:])
+      if left is not None and right is not None:
+        merges.append((tokens[left], tokens[right]))
+  return merges
 
 
 def _check_token_id(metadata: dict, key: str, tokens: list[str]):
@@ -54,6 +66,11 @@ def _sentencepiece(tk, metadata: dict, tokens: list[str], vocab: dict):
   if not scores or len(scores) != len(tokens):
     raise ValueError("GGUF tokenizer.ggml.model 'llama' needs tokenizer.ggml.scores, one per "
                      'token')
+  longest = max(range(len(tokens)), key=lambda i: len(tokens[i]))
+  if len(tokens[longest]) > MAX_PIECE_CHARS:
+    raise ValueError(f'GGUF tokenizer.ggml.tokens[{longest}] is {len(tokens[longest])} '
+                     f'characters long; SentencePiece pieces are limited to MAX_PIECE_CHARS='
+                     f'{MAX_PIECE_CHARS} (their merges grow with the square of the length)')
   unk = _check_token_id(metadata, 'tokenizer.ggml.unknown_token_id', tokens)
   model = tk.models.BPE(vocab, _sentencepiece_merges(tokens, scores, vocab),
                         unk_token=tokens[unk] if unk is not None else None, fuse_unk=True,
