@@ -7,10 +7,13 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+import time
 
 import pytest
 
 from ctr_jax import config_lib, trainer
+from ctr_jax.data import lock as data_lock
 from ctr_jax.training import checkpointing, metrics
 from ctr_jax.training import workdir as workdir_lib
 from helpers import run_main, snapshot, tiny_train_config
@@ -131,6 +134,69 @@ def test_a_non_finite_state_is_never_saved_and_the_first_bad_step_is_named(data_
   with pytest.raises(checkpointing.CheckpointError):
     trainer.train_and_evaluate(tiny_train_config(data_dir, **nan), str(existing))
   assert sorted(os.listdir(existing)) == ['notes.txt']
+
+
+# ------------------------------------------------------------------------------------------------
+# Cleanup after a failure removes only what the failed run created (docs/reliability.md row 23).
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_failed_run_leaves_a_shared_new_parent_and_the_other_runs_files(tmp_path):
+  sweep = tmp_path / 'sweep'
+  b = workdir_lib.Run(sweep / 'b')  # creates sweep/ and sweep/b
+  a = workdir_lib.Run(sweep / 'a')  # then another run uses the new parent
+  (a.path / 'checkpoints' / '2').mkdir(parents=True)
+  (a.path / 'metrics.jsonl').write_text('{"step": 1}\n')
+  (b.path / 'metrics.jsonl').write_text('{"step": 1}\n')
+  before = snapshot(sweep / 'a')
+  b.fail()
+  assert os.listdir(sweep) == ['a'] and snapshot(sweep / 'a') == before
+  with pytest.raises(workdir_lib.WorkdirError, match='in use by another run'):
+    workdir_lib.Run(sweep / 'a')  # A's lock still holds: a third run cannot take A's workdir
+  a.fail()
+  assert os.listdir(sweep) == []  # B created it, but A was in it then: an empty leftover
+  # Another run's workdir inside a failed run's (it holds a lock) is left, with what holds it.
+  outer = workdir_lib.Run(tmp_path / 'outer')
+  nested = workdir_lib.Run(tmp_path / 'outer' / 'inner' / 'run')
+  (outer.path / 'config.json').write_text('{}')
+  outer.fail()
+  assert os.listdir(tmp_path / 'outer') == ['inner']
+  nested.fail()
+  assert os.listdir(tmp_path / 'outer') == []
+
+
+@pytest.mark.slow
+def test_two_cli_runs_in_a_new_parent_where_one_fails(data_dir, tmp_path):
+  sweep = tmp_path / 'sweep'
+  waiting_data = tmp_path / 'data_b'
+  with data_lock.preparing(waiting_data):  # run B creates sweep/b, then waits for its data
+    b = subprocess.Popen(
+        [sys.executable, '-m', 'ctr_jax.main', *_tiny_flags(str(waiting_data)),
+         f'--workdir={sweep}/b', f'--config.init_from={tmp_path}/no_such_run'],
+        cwd=ROOT, env={**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+                       'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while b.poll() is None and time.time() < deadline and not _waits_for_a_lock(b):
+      time.sleep(0.2)
+    assert b.poll() is None and (sweep / 'b').exists(), b.communicate()
+    a = run_main([*_tiny_flags(data_dir), f'--workdir={sweep}/a', '--config.total_steps=2',
+                  '--config.checkpoint_every=2'])
+    assert a.returncode == 0, a.stderr[-3000:]
+    before = snapshot(sweep / 'a')
+    shutil.copytree(data_dir, waiting_data, dirs_exist_ok=True)  # B then fails at init_from
+  _, err = b.communicate(timeout=240)
+  assert b.returncode == 2 and 'init_from' in err.strip().splitlines()[-1], err[-3000:]
+  assert os.listdir(sweep) == ['a'] and snapshot(sweep / 'a') == before
+
+
+def _waits_for_a_lock(proc) -> bool:
+  # /proc/PID/wchan names the kernel function a process sleeps in: flock waits in a lock call.
+  try:
+    with open(f'/proc/{proc.pid}/wchan') as f:
+      return 'lock' in f.read()
+  except OSError:
+    return False
 
 
 # ------------------------------------------------------------------------------------------------

@@ -112,14 +112,7 @@ class Lock:
     me = {'host': socket.gethostname(), 'pid': os.getpid(),
           'time': time.strftime('%Y-%m-%dT%H:%M:%S%z')}
     if is_local(self.path):
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-      try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      except OSError:
-        holder = _read_info(os.read(fd, 4096))
-        os.close(fd)
-        raise WorkdirError(f'{self.path.parent} is in use by another run ({_holder_text(holder)});'
-                           ' wait for it to finish or use another --workdir') from None
+      fd = self._flock()
       old = _read_info(os.pread(fd, 4096, 0))
       if old:  # the previous holder died without releasing: the kernel already did
         self.note = f'took over the stale lock of {_holder_text(old)}'
@@ -140,9 +133,36 @@ class Lock:
       print(f'ctr_jax: note: {self.note}', file=sys.stderr, flush=True)
     return self
 
-  def release(self) -> None:
+  def _flock(self) -> int:
+    """An open descriptor of the lock file, flock'ed; a lock file that a failed run removed
+    while this one waited to open it is opened again (a lock on a deleted file locks nothing)."""
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError:
+        holder = _read_info(os.read(fd, 4096))
+        os.close(fd)
+        raise WorkdirError(f'{self.path.parent} is in use by another run ({_holder_text(holder)});'
+                           ' wait for it to finish or use another --workdir') from None
+      try:
+        if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+          return fd
+      except FileNotFoundError:
+        pass
+      os.close(fd)
+
+  def release(self, remove: bool = False) -> None:
+    """Drops the lock; `remove` also deletes the lock file (before the lock is dropped, so that
+    no other run can lock a file that is about to disappear)."""
     if self._fd is not None:
-      os.ftruncate(self._fd, 0)  # an empty file: nobody to report as a stale holder
+      if remove:
+        try:
+          os.unlink(self.path)
+        except FileNotFoundError:
+          pass
+      else:
+        os.ftruncate(self._fd, 0)  # an empty file: nobody to report as a stale holder
       os.close(self._fd)  # closing drops the flock
       self._fd = None
     elif not is_local(self.path):
@@ -166,33 +186,69 @@ def _read_info(raw: bytes) -> dict:
 
 
 class Created:
-  """Records the workdir's state before a run: which directories and top-level entries are new."""
+  """What existed before a run: which directories it creates and the workdir's entries then.
+
+  Other runs may share the parents the run creates (`--workdir=sweep/a` and `sweep/b` started
+  together in a new `sweep/`), so cleanup removes a directory only once it is empty.
+  """
 
   def __init__(self, path: epath.Path):
     self.path = epath.Path(path)
-    # The highest ancestor that does not exist yet: mkdir(parents=True) creates it and below.
-    top = None
+    # mkdir(parents=True) creates the workdir and the ancestors that do not exist yet.
+    self.new_dirs = []  # deepest first
     node = self.path
-    while not node.exists():
-      top = node
+    while not node.exists() and not _is_bucket(node):
+      self.new_dirs.append(node)
       if node.parent == node:
         break
       node = node.parent
-    self.new_root = top
-    self.before = set() if top is not None else {p.name for p in self.path.iterdir()}
+    self.before = set() if self.new_dirs else {p.name for p in self.path.iterdir()}
 
-  def remove(self) -> None:
-    """Deletes the new root directory, or the top-level entries that did not exist before."""
+  def remove_entries(self, keep: tuple[str, ...] = ()) -> None:
+    """Deletes the workdir's entries that are new since the run began, except `keep` and any
+    directory holding a workdir lock (another run's workdir inside this one)."""
     try:
-      if self.new_root is not None:
-        if self.new_root.exists():
-          self.new_root.rmtree()
-        return
-      for entry in self.path.iterdir():
-        if entry.name not in self.before:
-          entry.rmtree() if entry.is_dir() else entry.unlink()
+      for entry in list(self.path.iterdir()) if self.path.exists() else ():
+        if entry.name in self.before or entry.name in keep:
+          continue
+        if not entry.is_dir():
+          entry.unlink()
+        elif not _holds_a_lock(entry):
+          entry.rmtree()
     except OSError as e:  # cleanup must never hide the error that caused it
       print(f'ctr_jax: warning: could not clean up {self.path}: {e}', file=sys.stderr)
+
+  def remove_new_dirs(self) -> None:
+    """Removes the directories the run created, deepest first, each only while it is empty."""
+    for directory in self.new_dirs:
+      if not _remove_if_empty(directory):
+        return
+
+
+def _is_bucket(path: epath.Path) -> bool:
+  """gs://bucket itself: never created or removed by a run (only paths inside it)."""
+  return is_uri(path) and '/' not in os.fspath(path).split('://', 1)[1].strip('/')
+
+
+def _holds_a_lock(directory: epath.Path) -> bool:
+  try:
+    return any(LOCK_NAME in files for _, _, files in directory.walk())
+  except OSError:
+    return True  # unreadable: not known to be this run's
+
+
+def _remove_if_empty(directory: epath.Path) -> bool:
+  """True when `directory` is gone (removed now or already); False when it holds anything."""
+  try:
+    if is_local(directory):
+      os.rmdir(directory)  # refuses a non-empty directory, atomically
+    elif directory.exists():
+      directory.rmdir()
+  except FileNotFoundError:
+    return True
+  except (OSError, ValueError):  # not empty (epath's cloud rmdir raises ValueError)
+    return False
+  return True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,8 +259,9 @@ class Created:
 class Run:
   """Resolves and checks the workdir, locks it (process 0) and cleans up after a failure.
 
-  `fail()` removes what this run created (a new workdir, or new top-level entries) when nothing
-  was saved yet; once a checkpoint exists (`saved = True`) the workdir is left for a resume.
+  `fail()` removes what this run created (its new top-level entries; the workdir and the parents
+  it created, once they are empty) when nothing was saved yet; once a checkpoint exists
+  (`saved = True`) the workdir is left for a resume.
   """
 
   def __init__(self, workdir, active: bool = True):
@@ -226,10 +283,15 @@ class Run:
       self._lock = None
 
   def fail(self) -> None:
-    held = self._lock is not None
-    self.finish()
-    if held and not self.saved:
-      self._created.remove()
+    if self._lock is None or self.saved:
+      self.finish()
+      return
+    # Entries first, while the lock keeps other runs out of this workdir; then the lock file
+    # (if this run made it); then the directories this run made, if nobody else uses them.
+    self._created.remove_entries(keep=(LOCK_NAME,))
+    self._lock.release(remove=LOCK_NAME not in self._created.before)
+    self._lock = None
+    self._created.remove_new_dirs()
 
 
 def write_config(path: epath.Path, payload: dict, restored_step: int | None) -> str:
