@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ctr_jax import config_lib, models, tasks
 from ctr_jax.models import convert
-from ctr_jax.training import checkpointing, compat, metrics, optim, sharding, train_step
+from ctr_jax.training import checkpointing, compat, metrics, optim, resume, sharding, train_step
 from ctr_jax.training import workdir as workdir_lib
 
 
@@ -52,6 +52,7 @@ def prepare_workdir(config, workdir: str) -> str:
       raise UserError(f'the checkpoint in {workdir} was trained with a different model config '
                       f'(fields {diff}); use a new --workdir')
     config_lib.check_resumable(meta.get('config', {}), config, workdir)
+    resume.check_data_position(meta.get('config', {}), config, workdir)
   elif config.job not in ('train', 'prepare'):
     raise UserError(f'config.job={config.job!r} needs a checkpoint, but {workdir} has none')
   return workdir

@@ -222,6 +222,31 @@ def test_config_json_is_kept_by_evaluate_jobs_and_versioned_by_a_changed_resume(
 
 
 # ------------------------------------------------------------------------------------------------
+# A resume that would mix up the data (docs/reliability.md row 24).
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_resume_with_another_batch_size_seq_len_or_seed_is_refused(data_dir, trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  before = snapshot(workdir)
+  flags = [f for f in _tiny_flags(data_dir) if not f.startswith('--config.batch_size=')]
+  result = run_main([*flags, '--config.batch_size=4', f'--workdir={workdir}',
+                     '--config.total_steps=6'])
+  line = _one_line_error(result, 2, 'config.batch_size=4 (the checkpoint has 8)',
+                         'pass --config.batch_size=8 to resume', workdir)
+  assert 'data position' in line
+  assert snapshot(workdir) == before
+  for field, value in (('data.seq_len', 8), ('seed', 1)):
+    with pytest.raises(ValueError, match=rf'config\.{field}={value} \(the checkpoint has '):
+      trainer.prepare_workdir(tiny_train_config(data_dir, total_steps=6, **{field: value}),
+                              workdir)
+  # Evaluation does not read the training stream; the same values resume.
+  trainer.prepare_workdir(tiny_train_config(data_dir, batch_size=4, job='evaluate'), workdir)
+  trainer.prepare_workdir(tiny_train_config(data_dir, total_steps=6), workdir)
+  assert snapshot(workdir) == before
+
+
+# ------------------------------------------------------------------------------------------------
 # Damaged checkpoints.
 # ------------------------------------------------------------------------------------------------
 
