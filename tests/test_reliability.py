@@ -298,6 +298,38 @@ def test_a_truncated_checkpoint_is_reported_and_the_run_falls_back(
 
 
 # ------------------------------------------------------------------------------------------------
+# metrics.jsonl cut short by a crash (docs/reliability.md row 25).
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning_and_one_inside_is_named(
+    data_dir, trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  path = os.path.join(workdir, 'metrics.jsonl')
+  with open(path) as f:
+    rows = f.read()
+  # Damage in the middle: one line naming the file and the line, exit 3, nothing changed.
+  lines = rows.splitlines(True)
+  with open(path, 'w') as f:
+    f.write(''.join([lines[0], '{"step": 2, "train_lo\n', *lines[1:]]))
+  before = snapshot(workdir)
+  result = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=4'])
+  _one_line_error(result, 3, f'{path} line 2 is not a metrics row')
+  assert snapshot(workdir) == before
+  # A crash while the last row was written: dropped with a warning, and the resume goes on.
+  with open(path, 'w') as f:
+    f.write(rows + '{"step": 4, "val_loss": 1.2')
+  result = run_main([*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=4'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  warning = f'ctr_jax: warning: {path} line {len(lines) + 1}, the last, is cut short'
+  assert warning in result.stderr, result.stderr[-3000:]
+  with open(path) as f:
+    resumed = f.read()
+  assert resumed.startswith(rows) and '1.2' not in resumed  # the rows before it byte for byte
+  assert [r['step'] for r in metrics.read_metrics(workdir) if 'train_loss' in r] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------------
 # Disk full while saving.
 # ------------------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ Only process 0 writes; other processes get a writer whose methods do nothing. Fi
 import io
 import json
 import math
+import sys
 
 from etils import epath
 from matplotlib.figure import Figure
@@ -77,15 +78,59 @@ def write_json(path, payload: dict) -> None:
   workdir_lib.write_json(path, payload)
 
 
+class MetricsFileError(RuntimeError):
+  """A metrics.jsonl line that is not a row, other than a torn last line (exit code 3)."""
+
+
+def _lines_and_rows(path: epath.Path, raw: bytes) -> tuple[list[str], list[dict | None]]:
+  """The lines of metrics.jsonl (`raw`, read from `path`), ends kept, and each line's row (None
+  for a blank line).
+
+  A last line that does not parse was cut short by a crash while it was written: it is dropped,
+  with a warning naming the file. Any other line that does not parse is an error naming the file
+  and the line (a damaged file, not a crash: nothing can tell which rows to trust).
+  """
+  lines = raw.decode('utf-8', errors='replace').splitlines(True)
+  rows = []
+  last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+  for number, line in enumerate(lines, 1):
+    row, problem = _parse_row(line)
+    if problem is None:
+      rows.append(row)
+    elif number - 1 == last:
+      print(f'ctr_jax: warning: {path} line {number}, the last, is cut short ({problem}; a crash '
+            'while it was written?): dropped it', file=sys.stderr, flush=True)
+      del lines[number - 1:]
+      break
+    else:
+      raise MetricsFileError(f'{path} line {number} is not a metrics row ({problem}); only a '
+                             'torn last line is dropped by itself: remove or repair that line')
+  return lines, rows
+
+
+def _parse_row(line: str) -> tuple[dict | None, str | None]:
+  """(row, None) for a row or a blank line (None, None); (None, what is wrong) otherwise."""
+  if not line.strip():
+    return None, None
+  try:
+    row = json.loads(line)
+  except ValueError as e:
+    return None, f'{e.msg} at column {e.colno}' if isinstance(e, json.JSONDecodeError) else str(e)
+  if not isinstance(row, dict) or not isinstance(row.get('step'), int):
+    return None, 'a JSON value without an integer "step"'
+  return row, None
+
+
 def read_metrics(workdir) -> list[dict]:
   path = epath.Path(workdir) / 'metrics.jsonl'
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return [row for row in _lines_and_rows(path, path.read_bytes())[1] if row is not None]
 
 
 def drop_rows_after(workdir, step: int) -> int:
-  """Drops metrics.jsonl rows past `step` (written after the checkpoint a run resumes from).
+  """Drops metrics.jsonl rows past `step` (written after the checkpoint a run resumes from), and
+  a torn last line (with a warning; `_lines_and_rows`).
 
   The kept lines are left byte for byte; the file is replaced atomically. Returns how many rows
   were dropped.
@@ -93,11 +138,15 @@ def drop_rows_after(workdir, step: int) -> int:
   path = epath.Path(workdir) / 'metrics.jsonl'
   if not path.exists():
     return 0
-  lines = path.read_text().splitlines(True)
-  kept = [l for l in lines if not l.strip() or json.loads(l)['step'] <= step]
-  if len(kept) != len(lines):
-    workdir_lib.write_bytes_atomic(path, ''.join(kept).encode())
-  return len(lines) - len(kept)
+  original = path.read_bytes()
+  lines, rows = _lines_and_rows(path, original)
+  kept = [line for line, row in zip(lines, rows) if row is None or row['step'] <= step]
+  if kept and not kept[-1].endswith('\n'):  # the next row must start on a line of its own
+    kept[-1] += '\n'
+  text = ''.join(kept).encode()
+  if text != original:
+    workdir_lib.write_bytes_atomic(path, text)
+  return len(rows) - len(kept)
 
 
 def plot_curves(workdir) -> str | None:
