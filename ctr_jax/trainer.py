@@ -23,8 +23,16 @@ import numpy as np
 from tqdm import tqdm
 
 from ctr_jax import config_lib, models, tasks
-from ctr_jax.models import convert
-from ctr_jax.training import checkpointing, compat, metrics, optim, resume, sharding, train_step
+from ctr_jax.training import (
+  checkpointing,
+  compat,
+  init_from,
+  metrics,
+  optim,
+  resume,
+  sharding,
+  train_step,
+)
 from ctr_jax.training import workdir as workdir_lib
 
 
@@ -152,7 +160,7 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
     else:
       state = jax.jit(init_state, out_shardings=state_shardings)(jax.random.key(config.seed))
       if config.init_from:
-        state = _convert_from(config, state, state_shardings, mesh, rules)
+        state = init_from.load_into(config, state, state_shardings, mesh, rules)
   num_params = models.count_params(state['params'])
   if is_chief:
     # Rows past the restored step were written after its checkpoint: the resumed run rewrites them.
@@ -335,41 +343,3 @@ def _total_seconds(earlier_seconds: float | None, run_start: float) -> float | N
 
 def _progress_bar(active: bool, initial: int, total: int):
   return tqdm(total=total, initial=initial, disable=not active, unit='step', dynamic_ncols=True)
-
-
-def _convert_from(config, state, state_shardings, mesh, rules):
-  """Loads a transformer checkpoint and converts it (zero-initialised correction FFN); for a
-  transformer run, its weights as they are (a continuation with a fresh optimiser and schedule:
-  the baseline a converted model's fine-tune is compared with), or, for a deeper transformer,
-  grown by pass-through blocks on top (`convert.grow_transformer`)."""
-  source_meta = checkpointing.read_meta(config.init_from)
-  if source_meta is None:
-    raise UserError(f'config.init_from={config.init_from!r} holds no checkpoint')
-  source_cfg = compat.saved_model_config(
-      compat.split_moved_fields(source_meta['config']['model'])[0])
-  if source_cfg.kind != 'transformer':
-    raise UserError('config.init_from must point at a transformer run')
-  # Only the parameters: the source's optimiser (and its state) does not matter here.
-  _, source_params = checkpointing.load_params(config.init_from, mesh=mesh, rules=rules)
-  if config.model.kind == 'transformer':
-    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
-    if shapes(source_params) == shapes(state['params']):
-      params = source_params
-    elif source_cfg.depth < config.model.depth:
-      try:  # a deeper transformer: the source's blocks below new pass-through ones
-        params = convert.grow_transformer(source_params, state['params'])
-      except ValueError as e:
-        raise UserError(f'config.init_from: {e}') from None
-    else:
-      raise UserError(f'config.init_from: continuing a transformer needs the same parameter '
-                      f'shapes (or fewer blocks, to grow it); {config.init_from} has others')
-  else:
-    try:
-      params = convert.transformer_to_context_ready({'params': source_params},
-                                                    config.model)['params']
-    except ValueError as e:
-      raise UserError(f'config.init_from: {e}') from None
-  params = jax.device_put(params, state_shardings['params'])
-  return {**state, 'params': params,
-          'opt_state': jax.jit(optim.make_optimizer(config.optim, config.total_steps).init,
-                               out_shardings=state_shardings['opt_state'])(params)}

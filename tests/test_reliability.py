@@ -10,9 +10,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
-from ctr_jax import config_lib, trainer
+from ctr_jax import config_lib, models, trainer
 from ctr_jax.data import lock as data_lock
 from ctr_jax.training import checkpointing, metrics
 from ctr_jax.training import workdir as workdir_lib
@@ -327,6 +328,61 @@ def test_a_torn_last_metrics_line_is_dropped_with_a_warning_and_one_inside_is_na
     resumed = f.read()
   assert resumed.startswith(rows) and '1.2' not in resumed  # the rows before it byte for byte
   assert [r['step'] for r in metrics.read_metrics(workdir) if 'train_loss' in r] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------------
+# config.init_from: the whole model compared, the parameters only read, damage named (row 26).
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def transformer_source(data_dir, tmp_path_factory):
+  """A 2-step transformer run trained without gradient clipping (its optimizer state has no
+  clipping node), the model of _tiny_flags otherwise."""
+  path = str(tmp_path_factory.mktemp('source') / 'run')
+  config = tiny_train_config(data_dir, total_steps=2, **{'optim.grad_clip': 0.0})
+  config.model = models.model_config(kind='transformer', width=32, depth=1, num_heads=2,
+                                     vocab_size=320, max_len=64)
+  trainer.train_and_evaluate(config, path)
+  return path
+
+
+def test_init_from_compares_the_whole_model_and_reads_only_the_parameters(
+    data_dir, transformer_source, tmp_path):
+  # Four heads of 8 instead of two of 16: every parameter shape is the same, the model is not.
+  flags = [f for f in _tiny_flags(data_dir) if not f.startswith('--config.model.num_heads=')]
+  result = run_main([*flags, '--config.model.num_heads=4', f'--workdir={tmp_path}/heads',
+                     f'--config.init_from={transformer_source}'])
+  _one_line_error(result, 2, f'config.init_from={transformer_source!r} was trained with another '
+                  'model: model.num_heads=4 (the source has 2)', '--config.model.num_heads=2')
+  assert not (tmp_path / 'heads').exists()
+  # The source's optimizer (no grad_clip) differs from this run's (grad_clip=1): not read.
+  config = tiny_train_config(data_dir, total_steps=1, init_from=transformer_source,
+                             **{'optim.lr': 1e-30, 'optim.warmup_steps': 0})
+  assert config.optim.grad_clip == 1.0
+  config.model.num_heads = 2
+  summary = trainer.train_and_evaluate(config, str(tmp_path / 'converted'))
+  assert summary['step'] == 1 and np.isfinite(summary['val_loss'])
+
+
+def test_a_damaged_init_from_source_is_one_line_naming_it(data_dir, transformer_source, tmp_path):
+  source = _copy(transformer_source, tmp_path)
+  files = _data_files(source, 2)
+  assert files
+  for path in files:
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+  result = run_main([*_tiny_flags(data_dir), f'--workdir={tmp_path}/converted',
+                     f'--config.init_from={source}'])
+  _one_line_error(result, 3, f'config.init_from: checkpoint step 2 in {source}/checkpoints is '
+                  'damaged: ')
+  assert 'Traceback' not in result.stderr and not (tmp_path / 'converted').exists()
+  with open(os.path.join(source, 'checkpoints', '2', 'meta', 'metadata'), 'w') as f:
+    f.write('{"step": 2, "con')
+  result = run_main([*_tiny_flags(data_dir), f'--workdir={tmp_path}/converted',
+                     f'--config.init_from={source}'])
+  _one_line_error(result, 3, f'config.init_from: no checkpoint in {source}/checkpoints has '
+                  'readable metadata')
 
 
 # ------------------------------------------------------------------------------------------------

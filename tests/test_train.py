@@ -319,7 +319,7 @@ def test_init_from_converts_or_continues_a_transformer_exactly(data_dir, tmp_pat
       assert summary['val_loss_sequential'] == pytest.approx(trained['val_loss'], rel=1e-6)
   other = tiny_train_config(data_dir, total_steps=1, init_from=source)
   other.model = models.model_config(kind='transformer', **{**shape, 'width': 64})
-  with pytest.raises(trainer.UserError, match='init_from'):
+  with pytest.raises(ValueError, match='init_from'):
     trainer.train_and_evaluate(other, str(tmp_path / 'other'))
 
 

@@ -126,15 +126,39 @@ def steps(workdir) -> list[int]:
 def read_meta(workdir) -> dict | None:
   """The metadata (config, step) of the newest checkpoint in `workdir` that has it, or None.
 
-  A checkpoint without metadata is incomplete: `restore_latest` never restores it, so the model
-  check of the caller is made against the checkpoint that can actually be restored.
+  A checkpoint without metadata (or with metadata that is not JSON) is incomplete:
+  `restore_latest` never restores it, so the model check of the caller is made against the
+  checkpoint that can actually be restored.
   """
+  found = _newest_meta(workdir)
+  return found[1] if found else None
+
+
+def _newest_meta(workdir) -> tuple[int, dict] | None:
   path = _checkpoints_dir(workdir)
   for step in reversed(steps(workdir)):
     meta_file = path / str(step) / 'meta' / 'metadata'
     if meta_file.exists():
-      return json.loads(meta_file.read_text())
+      try:
+        return step, json.loads(meta_file.read_text())
+      except (ValueError, UnicodeDecodeError):
+        continue  # damaged: as if missing
   return None
+
+
+def newest_meta(workdir) -> tuple[int, dict]:
+  """(step, metadata) of the newest checkpoint in `workdir` with readable metadata.
+
+  Raises ValueError when `workdir` holds no checkpoint, CheckpointError when it holds some but
+  none with readable metadata.
+  """
+  found = _newest_meta(workdir)
+  if found is None and steps(workdir):
+    raise CheckpointError(f'no checkpoint in {_checkpoints_dir(workdir)} has readable metadata '
+                          '(<step>/meta/metadata, JSON): they are damaged')
+  if found is None:
+    raise ValueError(f'{workdir} holds no checkpoint (give the workdir of a training run)')
+  return found
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
@@ -197,10 +221,15 @@ def _drain_then_close(coro):
 
 
 def _restore_draining(mngr, step, abstract_state):
-  if not hasattr(asyncio_utils, '_run_sync_via_new_loop'):  # another orbax: plain restore
-    return restore(mngr, step, abstract_state)
+  return _draining(lambda: restore(mngr, step, abstract_state))
+
+
+def _draining(read):
+  """`read()` with orbax's event loop drained before it closes (`_drain_then_close`)."""
+  if not hasattr(asyncio_utils, '_run_sync_via_new_loop'):  # another orbax: as it is
+    return read()
   with mock.patch.object(asyncio_utils, '_run_sync_via_new_loop', _drain_then_close):
-    return restore(mngr, step, abstract_state)
+    return read()
 
 
 def _sync_processes(name: str) -> None:
@@ -223,9 +252,7 @@ def load_params(workdir, *, mesh: jax.sharding.Mesh | None = None,
   `rules`), or on the default device without a mesh. Every reader of trained weights (the
   studies, the benchmark, `config.init_from`) comes through here.
   """
-  meta = read_meta(workdir)
-  if meta is None:
-    raise ValueError(f'{workdir} holds no checkpoint (give the workdir of a training run)')
+  newest, meta = newest_meta(workdir)
   cfg = compat.saved_model_config(compat.split_moved_fields(meta['config']['model'])[0])
   model = models.build(cfg)
   dummy = jnp.zeros((1, 2), jnp.int32)
@@ -238,10 +265,15 @@ def load_params(workdir, *, mesh: jax.sharding.Mesh | None = None,
                                         sharding.param_axes(model, dummy))
   target = {'params': abstract_with_shardings(abstract, shardings)}
   mngr = manager(workdir)
-  step = mngr.latest_step() if step is None else step
-  restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+  step = newest if step is None else step
+  args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
       target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-      partial_restore=True)))
+      partial_restore=True))  # the parameters only: the optimizer state is not read
+  try:
+    restored = _draining(lambda: mngr.restore(step, args=args))
+  except Exception as e:  # pylint: disable=broad-except  (orbax / tensorstore error types vary)
+    raise CheckpointError(f'checkpoint step {step} in {mngr.directory} is damaged: '
+                          f'{_first_line(e)}') from None
   return cfg, restored['state']['params']
 
 
