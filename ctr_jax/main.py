@@ -30,7 +30,11 @@ def main(argv):
     distributed.maybe_initialize(FLAGS.config.distributed, FLAGS.config.job)
     logging.info('JAX process %d/%d, devices: %s', jax.process_index(), jax.process_count(),
                  jax.devices())
-    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    summary = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    if summary.get('signal') == 'SIGINT':
+      # What was saved is said; 128 + SIGINT, as a shell expects of a program stopped by Ctrl-C,
+      # so that `a && b` and shell loops stop too. SIGTERM (preemption) ends with 0.
+      sys.exit(130)
   except (ValueError, OSError, RuntimeError) as e:
     # One line, no traceback (CTR_JAX_TRACEBACK=1 shows it). Exit 2: the input (config, flags,
     # workdir) is wrong; 3: the run failed (NaN, damaged checkpoint, disk full, I/O error).

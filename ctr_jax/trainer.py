@@ -14,7 +14,6 @@ docs/reliability.md (ctr_jax/training/workdir.py and ctr_jax/training/checkpoint
 import dataclasses
 import functools
 import json
-import signal
 import time
 
 import jax
@@ -31,6 +30,7 @@ from ctr_jax.training import (
   optim,
   resume,
   sharding,
+  signals,
   train_step,
 )
 from ctr_jax.training import workdir as workdir_lib
@@ -78,19 +78,59 @@ def _note_recipe_change(workdir, saved_recipe: dict, current: dict) -> None:
 
 
 def train_and_evaluate(config, workdir: str, devices=None) -> dict:
-  """Runs `config.job` in `workdir` (locked for the run; see docs/reliability.md)."""
+  """Runs `config.job` in `workdir` (locked for the run; see docs/reliability.md).
+
+  SIGTERM and SIGINT stop the run: in the train loop after saving the step in progress, elsewhere
+  at once (ctr_jax/training/signals.py); the summary then has `interrupted` and `signal`.
+  """
   config_lib.validate(config)  # before anything touches the workdir
-  run = workdir_lib.Run(workdir, active=jax.process_index() == 0)
+  stop, run = signals.Signals(), None
   try:
-    summary = _train_and_evaluate(config, str(run), devices, run)
+    with stop:
+      run = workdir_lib.Run(workdir, active=jax.process_index() == 0)
+      summary = _train_and_evaluate(config, str(run), devices, run, stop)
+  except signals.Interrupted as interrupted:
+    return _stopped_outside_the_loop(interrupted, stop.phase, run, config.job)
   except BaseException:
-    run.fail()  # removes what this run created if it saved nothing
+    if run is not None:
+      run.fail()  # removes what this run created if it saved nothing
     raise
   run.finish()
   return summary
 
 
-def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
+def _stopped_outside_the_loop(interrupted, phase: str, run, job: str) -> dict:
+  """Says what a signal that did not wait for a save left on disk; removes only what a run
+  stopped during its set-up created (nothing a user could want)."""
+  name = signals.name(interrupted.signum)
+  summary = {'step': None, 'interrupted': True, 'signal': name}
+  if run is None:  # before the workdir was locked: nothing was written
+    if jax.process_index() == 0:
+      print(f'ctr_jax: stopped by {name} before the run started; nothing was written', flush=True)
+    return summary
+  saved = checkpointing.steps(run.path)
+  latest = f'the latest checkpoint is step {saved[-1]} in {run}' if saved else (
+      f'{run} holds no checkpoint')
+  summary['step'] = saved[-1] if saved else None
+  if phase == signals.TRAINING:  # a second signal: it does not wait for the save
+    what = f'a second signal does not wait for a save: the steps since it are lost; {latest}'
+  elif saved:
+    again = 'resume' if job == 'train' else f'run the {job} job again'
+    what = f'nothing new to save: {latest}; rerun to {again}'
+  elif phase == signals.SET_UP:
+    what = f'nothing was trained, so nothing needed saving; removed what this run created in {run}'
+  else:
+    what = f'nothing to save; {latest}'
+  if run.active:
+    print(f'ctr_jax: stopped by {name} during {phase}; {what}', flush=True)
+  if phase == signals.SET_UP and not saved:
+    run.fail()
+  else:
+    run.finish()
+  return summary
+
+
+def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signals) -> dict:
   # ----------------------------------------------------------------------------------------------
   # Workdir, processes, mesh.
   # ----------------------------------------------------------------------------------------------
@@ -195,15 +235,13 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
   # ----------------------------------------------------------------------------------------------
   # Train loop.
   # ----------------------------------------------------------------------------------------------
-  stop = {'signal': None}
-  previous_handler = None
-  if config.job == 'train':
-    previous_handler = signal.signal(signal.SIGTERM, lambda sig, _: stop.update(signal=sig))
   tokens_per_step = config.batch_size * config.data.seq_len
   progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
   window_start, tokens_per_second = time.perf_counter(), None
   health = checkpointing.health_init(repl)  # first step with a NaN/Inf loss or gradient norm
   last_saved = latest
+  stop.phase = signals.TRAINING
+  stop.deferring = True  # a signal in the loop ends the step in progress, which is saved
   try:
     while config.job == 'train' and step < config.total_steps:
       batch = to_global(next(task.train_iter))
@@ -240,7 +278,7 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
         _report(is_chief, step, evaluation, progress)
         done_early = task.stop_early(evaluation)
         window_start = time.perf_counter()  # evaluation time is not training throughput
-      stopping = stop['signal'] is not None or step == config.exit_at_step
+      stopping = stop.received is not None or step == config.exit_at_step
       if (stopping or done_early or step % config.checkpoint_every == 0
           or step == config.total_steps):
         checkpointing.check_health(health, last_saved, workdir)  # never save a NaN state
@@ -250,9 +288,11 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
         run.saved, last_saved = True, step
       if stopping:
         if is_chief:
-          reason = 'SIGTERM' if stop['signal'] else 'config.exit_at_step'
+          reason = signals.name(stop.received) if stop.received else 'config.exit_at_step'
           print(f'ctr_jax: saved step {step} and stopped ({reason}); rerun to resume', flush=True)
         summary.update(step=step, interrupted=True)
+        if stop.received:
+          summary['signal'] = signals.name(stop.received)
         return summary
       if done_early:
         # The task says it is done (e.g. pointer chasing's stop_accuracy): the final
@@ -262,9 +302,10 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
           progress.write(f'ctr_jax: step {step}: the task is done; stopping early')
         break
   finally:
+    stop.deferring = False
     progress.close()
-    if previous_handler is not None:
-      signal.signal(signal.SIGTERM, previous_handler)
+  stop.phase = 'the end of training (its last step is saved)'
+  stop.raise_if_received()  # a signal after the last step's check
 
   # ----------------------------------------------------------------------------------------------
   # Final evaluation, a sample, summary.json and curves.png.
@@ -277,17 +318,20 @@ def _train_and_evaluate(config, workdir: str, devices, run) -> dict:
     if logged:
       summary['train_loss'] = logged[-1]['train_loss']
   if config.job in ('train', 'evaluate'):
+    stop.phase = 'the final evaluation'
     evaluation = run_eval(state, final=True)
     writer.write(step, _scalars(evaluation))
     _report(is_chief, step, evaluation, progress)
     summary.update(evaluation)
   if config.sample.num_tokens > 0 and task.has_sample:
+    stop.phase = 'the sample'
     with jax.set_mesh(mesh):
       text = task.sample(model, state['params'], config, jax.random.key(config.seed + 2))
     summary['sample'] = text
     writer.write_text(step, 'sample', text)
     if is_chief:
       print(f'\n--- sample (step {step}) ---\n{text}\n---', flush=True)
+  stop.phase = 'writing summary.json and curves.png'
   writer.close()
   if is_chief:
     # Only training writes summary.json; evaluate / generate jobs leave it intact.

@@ -386,6 +386,83 @@ def test_a_damaged_init_from_source_is_one_line_naming_it(data_dir, transformer_
 
 
 # ------------------------------------------------------------------------------------------------
+# SIGINT like SIGTERM, in every phase of a run (docs/reliability.md row 27).
+# ------------------------------------------------------------------------------------------------
+
+# python -m ctr_jax.main, except that the run sends itself a signal at a chosen point (`{patch}`
+# wraps a function the trainer calls): a real signal, delivered at a known moment.
+SIGNALLING_MAIN = r'''
+import os
+import signal
+
+from absl import app
+
+from ctr_jax import main, tasks
+from ctr_jax.tasks import language_modelling
+from ctr_jax.training import metrics
+
+
+def signal_when(owner, attribute, signum, condition):
+  original = getattr(owner, attribute)
+
+  def wrapper(*args, **kwargs):
+    if condition(*args, **kwargs):
+      os.kill(os.getpid(), signum)
+    return original(*args, **kwargs)
+
+  setattr(owner, attribute, wrapper)
+
+
+{patch}
+app.run(main.main, flags_parser=main.parse_flags)
+'''
+
+
+def _run_signalled(patch: str, args) -> subprocess.CompletedProcess:
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT}
+  env.pop('CTR_JAX_TRACEBACK', None)
+  return subprocess.run([sys.executable, '-c', SIGNALLING_MAIN.format(patch=patch), *args],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_ctrl_c_in_the_train_loop_saves_the_step_like_sigterm(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  result = _run_signalled(  # Ctrl-C while step 1 is logged, long before the first checkpoint
+      "signal_when(metrics.MetricWriter, 'write', signal.SIGINT, lambda w, step, row: step == 1)",
+      [*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=100',
+       '--config.log_every=1', '--config.checkpoint_every=100', '--config.eval_every=100'])
+  assert result.returncode == 130, result.stderr[-3000:]  # 128 + SIGINT, as shells expect
+  assert 'ctr_jax: saved step 1 and stopped (SIGINT); rerun to resume' in result.stdout
+  assert 'Traceback' not in result.stderr and 'KeyboardInterrupt' not in result.stderr
+  assert checkpointing.steps(workdir) == [1]
+
+
+def test_signals_outside_the_train_loop_say_what_is_saved(data_dir, trained, tmp_path):
+  # SIGTERM during the final evaluation (was: the run ended without a word): the last step is
+  # saved already.
+  workdir = _copy(trained, tmp_path)
+  result = _run_signalled(
+      "signal_when(language_modelling.LanguageModelling, 'evaluate', signal.SIGTERM,"
+      " lambda *args, final, **kwargs: final)",
+      [*_tiny_flags(data_dir), f'--workdir={workdir}', '--config.total_steps=4'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (f'ctr_jax: stopped by SIGTERM during the final evaluation; nothing new to save: the '
+          f'latest checkpoint is step 4 in {workdir}; rerun to resume') in result.stdout
+  assert 'Traceback' not in result.stderr and checkpointing.steps(workdir) == [2, 4]
+  # Ctrl-C during the set-up of a new run (was: a traceback): nothing to save, nothing left.
+  fresh = tmp_path / 'new' / 'run'
+  result = _run_signalled(
+      "signal_when(tasks, 'make', signal.SIGINT, lambda *args: True)",
+      [*_tiny_flags(data_dir), f'--workdir={fresh}'])
+  assert result.returncode == 130, result.stderr[-3000:]
+  assert (f'ctr_jax: stopped by SIGINT during the set-up (data, model, restore); nothing was '
+          f'trained, so nothing needed saving; removed what this run created in {fresh}'
+          ) in result.stdout
+  assert 'Traceback' not in result.stderr and not (tmp_path / 'new').exists()
+
+
+# ------------------------------------------------------------------------------------------------
 # Disk full while saving.
 # ------------------------------------------------------------------------------------------------
 
