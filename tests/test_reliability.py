@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -356,13 +357,11 @@ def test_init_from_compares_the_whole_model_and_reads_only_the_parameters(
   _one_line_error(result, 2, f'config.init_from={transformer_source!r} was trained with another '
                   'model: model.num_heads=4 (the source has 2)', '--config.model.num_heads=2')
   assert not (tmp_path / 'heads').exists()
-  # The source's optimizer (no grad_clip) differs from this run's (grad_clip=1): not read.
-  config = tiny_train_config(data_dir, total_steps=1, init_from=transformer_source,
-                             **{'optim.lr': 1e-30, 'optim.warmup_steps': 0})
-  assert config.optim.grad_clip == 1.0
-  config.model.num_heads = 2
-  summary = trainer.train_and_evaluate(config, str(tmp_path / 'converted'))
-  assert summary['step'] == 1 and np.isfinite(summary['val_loss'])
+  # Only the parameters are read: the source's optimizer state (no clipping node, unlike the
+  # default grad_clip=1's) is not asked for. (The slow T test converts and continues exactly.)
+  cfg, params = checkpointing.load_params(transformer_source)
+  assert cfg.num_heads == 2 and set(params) >= {'embed', 'ln_f'}
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 
 def test_a_damaged_init_from_source_is_one_line_naming_it(data_dir, transformer_source, tmp_path):
