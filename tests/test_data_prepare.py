@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -113,6 +115,29 @@ def test_an_old_int32_cache_is_still_read(tmp_path):
   np.testing.assert_array_equal(again.train_tokens, expected)
   batch = next(pipeline.train_iterator(again, seq_len=8, global_batch_size=2))
   assert batch.dtype == np.int32
+
+
+def test_workers_hand_out_more_after_a_slow_first_result():
+  """A slow first task lets the other results fill the waiting room (4 per worker); once they
+  are all yielded nothing is in flight, and the pool must hand out the rest, not wait (it used
+  to wait forever: the intermittent hang of the Wikipedia test below)."""
+  pool = parallel._Workers(2, time.sleep, (0,))
+  tasks = [(1.0,)] + [(0,)] * 20
+  results = []
+
+  def consume():
+    try:
+      results.extend(pool.run(time.sleep, iter(tasks), str))
+    except RuntimeError as e:  # the pool was killed below: it hung
+      results.append(e)
+
+  thread = threading.Thread(target=consume, daemon=True)
+  thread.start()
+  thread.join(timeout=60)
+  hung = thread.is_alive()
+  pool.close(kill=hung)
+  thread.join(timeout=30)
+  assert not hung and results == [None] * len(tasks)
 
 
 def test_token_dtype_and_worker_count():

@@ -219,8 +219,12 @@ class _Workers:
           yield done.pop(next_out)
           described.pop(next_out, None)
           next_out += 1
-        if exhausted and next_out == next_id:
-          return
+        if not pending:
+          # Everything sent has been yielded: end, or hand out more. (Waiting here would hang
+          # when the results in hand had stopped the hand-out above and were all yielded.)
+          if exhausted:
+            return
+          continue
         for key, _ in selector.select():
           worker = key.data
           reply = _recv(self.procs[worker].stdout)
