@@ -1,6 +1,7 @@
 """Failure cases of a training run (docs/reliability.md): what the user sees, what stays on disk."""
 
 import errno
+import glob
 import importlib
 import json
 import os
@@ -554,3 +555,27 @@ def test_keep_checkpoints_is_validated_with_the_config_field_name(data_dir):
   for bad in (0, -1):
     with pytest.raises(ValueError, match='config.keep_checkpoints: must be an integer >= 1'):
       config_lib.validate(tiny_train_config(data_dir, keep_checkpoints=bad))
+
+
+# ------------------------------------------------------------------------------------------------
+# Token ids the model has no embedding for (issue 41 item 7): one line, not a NaN loss.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_token_cache_with_ids_past_the_vocabulary_is_one_line(data_dir, tmp_path):
+  data = tmp_path / 'data'
+  shutil.copytree(data_dir, data)
+  [cache] = glob.glob(str(data / 'tokenizers' / 'kjv_bible_320_train_*.npy'))
+  tokens = np.load(cache)
+  tokens[::5] = 400  # what a cache written for a larger vocabulary holds
+  np.save(cache, tokens)
+  workdir = tmp_path / 'run'
+  result = run_main([*_tiny_flags(str(data)), f'--workdir={workdir}', '--config.total_steps=2'])
+  # Found in the first batch, once the progress bar has drawn its 0/2 line: then one error line.
+  assert result.returncode == 2, result.stderr[-3000:]
+  *progress, last = [l for l in result.stderr.strip().splitlines() if l.strip()]
+  assert all('0/2' in l and '?step/s' in l for l in progress), result.stderr[-3000:]
+  assert last.startswith('ctr_jax: error: config.model.vocab_size=320: a training batch holds '
+                         'token id 400 (at ['), last
+  assert 'outside [0, 320)' in last and 'Traceback' not in result.stderr
+  assert not workdir.exists()

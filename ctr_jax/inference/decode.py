@@ -14,14 +14,23 @@ step; `position_scan` uses whatever variables it is given.
 `chunked_prefill` fills the same state chunk by chunk, each chunk by the correction's fixed point
 over its positions (matrix-matrix passes) on the caches of the earlier chunks
 (docs/benchmarks.md, "Chunked prefill").
+
+The public entry points check their arguments on the host before anything is traced (a bad one
+is a ValueError naming it): token arrays are [B, T] integers with every id in
+[0, model.vocab_size) (an id outside it, or a position past a learned position table, makes NaN
+logits), and no call holds more than `model.max_len` positions (the decode-state length the model
+is built for), which also bounds the KV caches a call allocates. A traced token array (a caller's
+own `jit`) gets the shape checks only: its values are not known before it runs.
 """
 
 import functools
+import math
 import numbers
 import weakref
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ctr_jax.models import attention, blocks, layers
 from ctr_jax.ops.recurrence import DecodeState
@@ -39,6 +48,74 @@ def init_decode_state(model, batch_size: int, length: int) -> DecodeState:
                      index=jnp.zeros((), jnp.int32))
 
 
+def first_token_outside(tokens: np.ndarray, vocab_size: int) -> tuple[int, tuple] | None:
+  """(id, index) of the first token id of the host array `tokens` outside [0, vocab_size), or
+  None. Two numpy reductions when every id is valid (microseconds for a batch of windows)."""
+  if tokens.size == 0 or (tokens.min() >= 0 and tokens.max() < vocab_size):
+    return None
+  index = tuple(int(i) for i in np.argwhere((tokens < 0) | (tokens >= vocab_size))[0])
+  return int(tokens[index]), index
+
+
+def _checked_tokens(model, tokens, name: str) -> jax.Array:
+  """`tokens` as an int32 [B, T] array; a ValueError naming `name` when it is not 2-D, has no
+  positions, is not integer or (when its values are known) holds an id outside the vocabulary."""
+  shape = tuple(np.shape(tokens))
+  if len(shape) != 2 or 0 in shape:
+    raise ValueError(f'{name}: got shape {shape}, allowed [batch, positions] with both >= 1')
+  traced = isinstance(tokens, jax.core.Tracer)
+  host = None if traced else np.asarray(tokens)
+  dtype = tokens.dtype if traced else host.dtype
+  if not np.issubdtype(dtype, np.integer):
+    raise ValueError(f'{name}: got dtype {dtype}, allowed integer token ids')
+  vocab_size = model.spec.vocab_size
+  bad = None if traced else first_token_outside(host, vocab_size)
+  if bad is not None:
+    raise ValueError(f'{name}: got token id {bad[0]} at {list(bad[1])}, allowed ids in '
+                     f'[0, model.vocab_size={vocab_size})')
+  return jnp.asarray(tokens, jnp.int32)
+
+
+def _check_positions(model, positions: int, name: str, what: str) -> None:
+  max_len = model.spec.max_len
+  if positions > max_len:
+    table = ', the rows of its learned position table' if model.spec.positions == 'learned' else ''
+    raise ValueError(f'{name}: {what} {positions} positions, allowed at most model.max_len='
+                     f'{max_len} (the longest sequence the model is built for{table})')
+
+
+def _check_length(model, prompt_len: int, length) -> int:
+  """`length`, the state's slots for a `prompt_len`-token prompt, as an int (ValueError naming
+  it when it is not an int in [prompt_len, model.max_len])."""
+  if isinstance(length, bool) or not isinstance(length, numbers.Integral):
+    raise ValueError(f'length: got {length!r}, allowed an int')
+  if length < prompt_len:
+    raise ValueError(f'length: got {length} for a {prompt_len}-token prompt, allowed '
+                     f'>= {prompt_len}')
+  _check_positions(model, int(length), 'length', 'got')
+  return int(length)
+
+
+def _check_sampling(model, temperature, top_k) -> None:
+  if not (math.isfinite(float(temperature)) and temperature >= 0):
+    raise ValueError(f'temperature: got {temperature!r}, allowed a finite number >= 0 '
+                     '(0 = greedy)')
+  vocab_size = model.spec.vocab_size
+  if (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
+      or not 0 <= top_k <= vocab_size):
+    raise ValueError(f'top_k: got {top_k!r}, allowed an int in [0, model.vocab_size='
+                     f'{vocab_size}] (0 = no cut)')
+
+
+def _check_num_tokens(model, num_tokens, prompt_len: int) -> int:
+  if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral) \
+      or num_tokens < 1:
+    raise ValueError(f'num_tokens: got {num_tokens!r}, allowed an int >= 1')
+  _check_positions(model, prompt_len + int(num_tokens), 'num_tokens',
+                   f'{num_tokens} after a {prompt_len}-token prompt make')
+  return int(num_tokens)
+
+
 def position_scan(model, variables, tokens: jax.Array, state: DecodeState):
   """Feeds tokens [B, T] one position at a time; returns (logits [B, T, V], final state)."""
   def step(st, token_column):
@@ -49,10 +126,16 @@ def position_scan(model, variables, tokens: jax.Array, state: DecodeState):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def sequential_logits(model, variables, tokens: jax.Array) -> jax.Array:
-  """Teacher-forced logits [B, T, V] computed by the exact left-to-right scan."""
+def _sequential_logits(model, variables, tokens):
   state = init_decode_state(model, tokens.shape[0], tokens.shape[1])
   return position_scan(model, attention.fuse_qkv(variables), tokens, state)[0]
+
+
+def sequential_logits(model, variables, tokens: jax.Array) -> jax.Array:
+  """Teacher-forced logits [B, T, V] computed by the exact left-to-right scan."""
+  tokens = _checked_tokens(model, tokens, 'tokens')
+  _check_positions(model, tokens.shape[1], 'tokens', 'got')
+  return _sequential_logits(model, variables, tokens)
 
 
 def _prefill(model, fused_variables, prompt, length):
@@ -64,15 +147,20 @@ def _prefill(model, fused_variables, prompt, length):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def prefill(model, variables, prompt: jax.Array, length: int):
-  """Runs the prompt [B, T0] through a fresh state of `length` slots; returns (logits, state).
-
-  Exact for both kinds: a context-ready model by the position scan, a transformer in one pass.
-  """
+def _prefill_jit(model, variables, prompt, length):
   return _prefill(model, attention.fuse_qkv(variables), prompt, length)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 5))
+def prefill(model, variables, prompt: jax.Array, length: int):
+  """Runs the prompt [B, T0] through a fresh state of `length` slots (T0 <= length <=
+  model.max_len); returns (logits, state).
+
+  Exact for both kinds: a context-ready model by the position scan, a transformer in one pass.
+  """
+  prompt = _checked_tokens(model, prompt, 'prompt')
+  return _prefill_jit(model, variables, prompt, _check_length(model, prompt.shape[1], length))
+
+
 def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance=1e-4,
                      max_iterations: int = 0):
   """`prefill` by fixed-point iteration over all prompt positions at once.
@@ -84,6 +172,13 @@ def parallel_prefill(model, variables, prompt: jax.Array, length: int, tolerance
   so the state after the last pass continues decoding like `prefill`'s. A transformer needs one
   pass. Returns (logits [B, T0, V], state, block passes used).
   """
+  prompt = _checked_tokens(model, prompt, 'prompt')
+  length = _check_length(model, prompt.shape[1], length)
+  return _parallel_prefill(model, variables, prompt, length, tolerance, max_iterations)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 5))
+def _parallel_prefill(model, variables, prompt, length, tolerance, max_iterations):
   t0 = prompt.shape[1]
   state = init_decode_state(model, prompt.shape[0], length)
   variables = attention.fuse_qkv(variables)
@@ -203,7 +298,7 @@ def _chunked_prefill(model, variables, prompt, length, chunk, passes, tolerance)
   return _head(model, variables, out), state, used
 
 
-def _check_chunked(model, prompt_len: int, length: int, chunk, passes, tolerance, prefix=''):
+def _check_chunked(model, chunk, passes, tolerance, prefix=''):
   """Raises ValueError naming the bad argument; returns (chunk, passes) as ints."""
   if model.spec.is_context_ready and model.spec.cumulative:
     raise ValueError('model.cumulative=True has no exact sequential form; it cannot be prefilled')
@@ -215,11 +310,6 @@ def _check_chunked(model, prompt_len: int, length: int, chunk, passes, tolerance
                      'int >= 1')
   if not tolerance >= 0:
     raise ValueError(f'{prefix}tolerance: got {tolerance!r}, allowed a number >= 0')
-  if prompt_len < 1:
-    raise ValueError('prompt: got 0 positions, allowed [B, T0] with T0 >= 1')
-  if length < prompt_len:
-    raise ValueError(f'length: got {length} for a {prompt_len}-token prompt, allowed '
-                     f'>= {prompt_len}')
   return int(chunk), int(passes or chunk)
 
 
@@ -235,9 +325,10 @@ def chunked_prefill(model, variables, prompt: jax.Array, length: int, *, chunk: 
   (0: only when nothing changes). The last chunk may be shorter. A transformer's chunk takes
   one pass. Returns (logits [B, T0, V], the state, block passes used per chunk [chunks]).
   """
-  prompt = jnp.asarray(prompt, jnp.int32)
-  chunk, passes = _check_chunked(model, prompt.shape[1], length, chunk, passes, tolerance)
-  return _chunked_prefill(model, variables, prompt, int(length), min(chunk, prompt.shape[1]),
+  chunk, passes = _check_chunked(model, chunk, passes, tolerance)
+  prompt = _checked_tokens(model, prompt, 'prompt')
+  length = _check_length(model, prompt.shape[1], length)
+  return _chunked_prefill(model, variables, prompt, length, min(chunk, prompt.shape[1]),
                           passes, jnp.float32(tolerance))
 
 def sample_logits(logits: jax.Array, rng, temperature, top_k: int = 0) -> jax.Array:
@@ -293,7 +384,10 @@ def with_fused_qkv(variables):
     if len(refs) == len(leaves) and all(r() is x for r, x in zip(refs, leaves)):
       return {**variables, attention.FUSED: fused}
   fused = _fuse({'params': variables['params']})[attention.FUSED]
-  _last_fused[:] = [([weakref.ref(x) for x in leaves], fused)]
+  # Under a caller's jit (concrete parameters closed over) the result is a tracer of that trace:
+  # cached, it would leak into the next call.
+  if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(fused)):
+    _last_fused[:] = [([weakref.ref(x) for x in leaves], fused)]
   return {**variables, attention.FUSED: fused}
 
 
@@ -308,8 +402,10 @@ def continue_generation(model, variables, last_logits: jax.Array, state: DecodeS
   """Samples `num_tokens` tokens after a prefilled `state` whose last logits [B, V] are given
   (e.g. `logits[:, -1]` of `prefill`); returns (tokens [B, num_tokens], state). Timing this alone
   measures decode steps without the prefill."""
-  if num_tokens < 1:
-    raise ValueError(f'num_tokens must be >= 1, got {num_tokens}')
+  if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral) \
+      or num_tokens < 1:
+    raise ValueError(f'num_tokens: got {num_tokens!r}, allowed an int >= 1')
+  _check_sampling(model, temperature, top_k)
   slots = state.caches[0]['v'].shape[1]  # [B*G, S, Dh]
   if int(state.index) + num_tokens > slots:
     raise ValueError(f'the state holds {slots} positions and {int(state.index)} are used; '
@@ -331,7 +427,7 @@ def _generate(model, variables, prompt, num_tokens, rng, temperature, top_k, pre
     out, state, _ = _chunked_fill(model, variables, prompt, state, chunk, passes, tolerance)
     last_logits = _head(model, variables, out[:, -1:])[:, 0]  # the head only where it is read
   elif prefill_kind == 'parallel':
-    logits, state, _ = parallel_prefill(model, variables, prompt, length, tolerance)
+    logits, state, _ = _parallel_prefill(model, variables, prompt, length, tolerance, 0)
     last_logits = logits[:, -1]
   else:
     logits, state = _prefill(model, variables, prompt, length)
@@ -349,19 +445,18 @@ def generate(model, variables, prompt: jax.Array, num_tokens: int, rng, temperat
   `prefill` chooses how the prompt fills the state, all exact at the defaults: 'scan' (the
   position scan, `prefill`), 'parallel' (`parallel_prefill` to `prefill_tolerance`) or
   'chunked' (`chunked_prefill` with chunk = `prefill_chunk`, `prefill_passes` and
-  `prefill_tolerance`).
+  `prefill_tolerance`). The prompt and the `num_tokens` new tokens together hold at most
+  `model.max_len` positions.
   """
-  if num_tokens < 1:
-    raise ValueError(f'num_tokens must be >= 1, got {num_tokens}')
-  if temperature < 0:
-    raise ValueError(f'temperature must be >= 0, got {temperature}')
+  prompt = _checked_tokens(model, prompt, 'prompt')
+  num_tokens = _check_num_tokens(model, num_tokens, prompt.shape[1])
+  _check_sampling(model, temperature, top_k)
   if prefill not in PREFILLS:
     raise ValueError(f'prefill: got {prefill!r}, allowed {list(PREFILLS)}')
-  prompt = jnp.asarray(prompt, jnp.int32)
   chunk, passes = 0, 0
   if prefill == 'chunked':
-    chunk, passes = _check_chunked(model, prompt.shape[1], prompt.shape[1] + num_tokens,
-                                   prefill_chunk, prefill_passes, prefill_tolerance, 'prefill_')
+    chunk, passes = _check_chunked(model, prefill_chunk, prefill_passes, prefill_tolerance,
+                                   'prefill_')
     chunk = min(chunk, prompt.shape[1])
   else:
     if prefill_chunk or prefill_passes is not None:
@@ -369,6 +464,6 @@ def generate(model, variables, prompt: jax.Array, num_tokens: int, rng, temperat
                        f'prefill={prefill!r}')
     if not prefill_tolerance >= 0:
       raise ValueError(f'prefill_tolerance: got {prefill_tolerance!r}, allowed a number >= 0')
-  return _generate(model, with_fused_qkv(variables), prompt, int(num_tokens), rng,
+  return _generate(model, with_fused_qkv(variables), prompt, num_tokens, rng,
                    jnp.float32(temperature), int(top_k), prefill, chunk, passes,
                    jnp.float32(prefill_tolerance))

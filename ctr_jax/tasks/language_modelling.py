@@ -15,7 +15,7 @@ import numpy as np
 from ctr_jax.data import pipeline
 from ctr_jax.inference import decode
 from ctr_jax.tasks import losses
-from ctr_jax.tasks.registry import register
+from ctr_jax.tasks.registry import check_batch_tokens, register
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
@@ -34,6 +34,8 @@ def evaluate_lm(model, params, batches, *, k_unroll=None, sequential=False, to_g
   """Mean next-token loss and perplexity over `batches` (np int32 [B, T+1] each)."""
   total, count = 0.0, 0
   for batch in batches:
+    check_batch_tokens(batch, losses.NextToken().inputs, model.spec.vocab_size,
+                       'an evaluation batch')
     batch = to_global(batch) if to_global else jnp.asarray(batch)
     s, n = _batch_loss_sum(model, params, batch, k_unroll, sequential)
     total += float(s)

@@ -3,6 +3,11 @@
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol
 
+import jax
+import numpy as np
+
+from ctr_jax.inference import decode
+
 
 class TrainIterator(Iterator, Protocol):
   """An endless batch iterator whose position is saved with every checkpoint."""
@@ -70,7 +75,51 @@ def validate_config(config) -> None:
 
 def make(config, process_index: int, process_count: int) -> Task:
   validate_config(config)
-  return _REGISTRY[config.data.name][0](config, process_index, process_count)
+  task = _REGISTRY[config.data.name][0](config, process_index, process_count)
+  task.train_iter = CheckedBatches(task.train_iter, task.inputs, config.model.vocab_size)
+  return task
+
+
+def check_batch_tokens(batch, inputs: Callable, vocab_size: int, what: str) -> None:
+  """A ValueError naming config.model.vocab_size when the host batch (numpy arrays) holds a token
+  id the model has no row for: `inputs(batch)` (what the model reads) outside [0, vocab_size),
+  or any id >= vocab_size elsewhere (targets; a negative target means "not scored").
+
+  Such an id would make NaN logits (or score a class that does not exist) rather than an error;
+  a few numpy reductions per batch, on the host, before the batch goes to the devices.
+  """
+  bad = decode.first_token_outside(np.asarray(inputs(batch)), vocab_size)
+  for leaf in jax.tree.leaves(batch):
+    leaf = np.asarray(leaf)
+    if bad is None and leaf.size and leaf.max() >= vocab_size:
+      index = np.unravel_index(np.argmax(leaf), leaf.shape)
+      bad = int(leaf[index]), tuple(int(i) for i in index)
+  if bad is not None:
+    raise ValueError(f'config.model.vocab_size={vocab_size}: {what} holds token id {bad[0]} '
+                     f'(at {list(bad[1])}), outside [0, {vocab_size}); the model has no '
+                     'embedding for it (was the data tokenized for another vocabulary?)')
+
+
+class CheckedBatches:
+  """A task's `train_iter` whose every batch passes `check_batch_tokens` (the state is the
+  wrapped iterator's, so checkpoints are unchanged)."""
+
+  def __init__(self, batches: TrainIterator, inputs: Callable, vocab_size: int):
+    self.batches, self.inputs, self.vocab_size = batches, inputs, vocab_size
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    batch = next(self.batches)
+    check_batch_tokens(batch, self.inputs, self.vocab_size, 'a training batch')
+    return batch
+
+  def get_state(self) -> dict:
+    return self.batches.get_state()
+
+  def set_state(self, state: dict) -> None:
+    self.batches.set_state(state)
 
 
 def metric_name(task: Task, key: str) -> str:
