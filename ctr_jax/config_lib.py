@@ -9,6 +9,7 @@ warmup) are our choices and are marked as such.
 import ast
 import difflib
 import json
+import math
 import re
 import sys
 
@@ -161,8 +162,9 @@ def _check(ok, field, message):
     raise ValueError(f'config.{field}: {message}')
 
 
-def validate(config) -> None:
-  """Checks a whole experiment config before anything touches the workdir."""
+def validate(config, devices=None) -> None:
+  """Checks a whole experiment config before anything touches the workdir; with the `devices`
+  the run will use, also that the mesh fits them and the batch splits evenly over them."""
   _check(config.job in JOBS, 'job', f'got {config.job!r}, allowed {list(JOBS)}')
   _check(config.get('precision', 'auto') in PRECISIONS, 'precision',
          f"got {config.get('precision')!r}, allowed {list(PRECISIONS)}")
@@ -183,13 +185,17 @@ def validate(config) -> None:
     _check(size == -1 or size >= 1, f'mesh.{axis}', 'must be -1 (all remaining) or >= 1')
   _check([config.mesh[a] for a in ('data', 'fsdp', 'tensor')].count(-1) <= 1, 'mesh',
          'at most one axis may be -1')
-  _check(config.sample.num_tokens >= 0, 'sample.num_tokens', 'must be >= 0')
-  _check(config.sample.temperature >= 0, 'sample.temperature', 'must be >= 0')
+  _check(isinstance(config.eval_batches, int) and config.eval_batches >= 0, 'eval_batches',
+         f'must be an integer >= 0 (0 = the whole validation split), got '
+         f'{config.eval_batches!r}')
+  _validate_sample(config.sample, config.model)
   # Workdir safety (docs/reliability.md): 0 would delete every checkpoint after saving it.
   _check(isinstance(config.keep_checkpoints, int) and config.keep_checkpoints >= 1,
          'keep_checkpoints', f'must be an integer >= 1, got {config.keep_checkpoints!r}')
   _check(config.get('strict_resume', False) in (True, False), 'strict_resume',
          f"got {config.get('strict_resume')!r}, allowed [True, False]")
+  if devices is not None:
+    _validate_batch_split(config, len(devices))
   dist = config.distributed
   _check(isinstance(dist.num_processes, int) and (dist.num_processes == -1
                                                  or dist.num_processes >= 1),
@@ -199,6 +205,34 @@ def validate(config) -> None:
          and (dist.num_processes == -1 or dist.process_id < dist.num_processes),
          'distributed.process_id', f'must be -1 (from the cluster) or in [0, num_processes), got '
          f'{dist.process_id!r}')
+
+
+def _validate_sample(sample, model) -> None:
+  # Checked here, not when the sample is drawn after training (docs/reliability.md, row 22).
+  max_tokens = model.max_len - 1  # the prompt takes at least one of the max_len positions
+  _check(isinstance(sample.num_tokens, int) and 0 <= sample.num_tokens <= max_tokens,
+         'sample.num_tokens', f'must be an integer in [0, model.max_len - 1 = {max_tokens}] '
+         f'(prompt and sample share model.max_len={model.max_len} positions), got '
+         f'{sample.num_tokens!r}')
+  _check(math.isfinite(sample.temperature) and sample.temperature >= 0, 'sample.temperature',
+         f'must be a finite number >= 0 (0 = greedy), got {sample.temperature!r}')
+  if sample.num_tokens > 0:  # top_k only matters when a sample is drawn
+    _check(isinstance(sample.top_k, int) and 0 <= sample.top_k <= model.vocab_size,
+           'sample.top_k', f'must be an integer in [0, model.vocab_size={model.vocab_size}] '
+           f'(0 = no cut), got {sample.top_k!r}')
+
+
+def _validate_batch_split(config, num_devices: int) -> None:
+  """The mesh fits `num_devices` and config.batch_size splits evenly over its batch axes."""
+  shape = sharding.mesh_shape(config.mesh, num_devices)
+  if config.job not in ('train', 'evaluate'):
+    return  # no batches: 'prepare' stops before them, 'generate' only samples
+  axes = sharding.batch_axes([tuple(r) for r in config.sharding_rules])
+  split = math.prod(shape.get(a, 1) for a in axes)
+  over = ' x '.join(f'{a}={shape.get(a, 1)}' for a in axes)
+  _check(config.batch_size % split == 0, 'batch_size',
+         f'{config.batch_size} is not divisible by the {split} devices each batch is split over '
+         f'(mesh {over}, of {num_devices} devices); use a multiple of {split} or set config.mesh')
 
 
 def resolve_precision(config, platform: str) -> str:

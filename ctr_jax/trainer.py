@@ -83,7 +83,8 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   SIGTERM and SIGINT stop the run: in the train loop after saving the step in progress, elsewhere
   at once (ctr_jax/training/signals.py); the summary then has `interrupted` and `signal`.
   """
-  config_lib.validate(config)  # before anything touches the workdir
+  # Before anything touches the workdir, with the devices the mesh will use.
+  config_lib.validate(config, devices if devices is not None else jax.devices())
   stop, run = signals.Signals(), None
   try:
     with stop:

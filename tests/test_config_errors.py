@@ -128,3 +128,78 @@ def test_every_config_accepts_runlocal(path):
     runner.validate(config)
   else:  # an experiment script's config
     assert config == module.get_config()
+
+
+# Checked at start, not when the value is first used (issue 41 item 8; docs/reliability.md row 22):
+# each used to fail after training (top_k, num_tokens: a 160 GB allocation), at the first
+# evaluation (pointer chasing's eval_batches=0, deleting the workdir), with a sharding error
+# naming no field (the batch over 3 devices) or as a NaN loss / reshape traceback (the model).
+START_CASES = {
+    # case -> (config file, overrides, extra environment, what the line must say)
+    'top_k': ('quickstart.py:runlocal', ['--config.sample.top_k=5000'], None,
+              'config.sample.top_k: must be an integer in [0, model.vocab_size=4096] (0 = no '
+              'cut), got 5000'),
+    'num_tokens': ('quickstart.py:runlocal', ['--config.sample.num_tokens=1000000000'], None,
+                   'config.sample.num_tokens: must be an integer in [0, model.max_len - 1 = 255]'),
+    'temperature_nan': ('quickstart.py:runlocal', ['--config.sample.temperature=nan'], None,
+                        'config.sample.temperature: must be a finite number >= 0 (0 = greedy), '
+                        'got nan'),
+    'head_dim': ('quickstart.py:runlocal', ['--config.model.head_dim=-2'], None,
+                 'model.head_dim: must be an integer >= 0 (0 = derived from width), got -2'),
+    'mlp_dim': ('quickstart.py:runlocal', ['--config.model.mlp_dim=-1'], None,
+                'model.mlp_dim: must be an integer >= 0 (0 = derived from width), got -1'),
+    'layer_norm_eps_negative': ('quickstart.py:runlocal', ['--config.model.layer_norm_eps=-1'],
+                                None, 'model.layer_norm_eps: must be a finite number >= 0, got '
+                                '-1.0'),
+    'layer_norm_eps_nan': ('quickstart.py:runlocal', ['--config.model.layer_norm_eps=nan'], None,
+                           'model.layer_norm_eps: must be a finite number >= 0, got nan'),
+    'eval_batches_negative': ('quickstart.py:runlocal', ['--config.eval_batches=-1'], None,
+                              'config.eval_batches: must be an integer >= 0'),
+    'pointer_eval_batches': ('pointer_chasing.py:runlocal', ['--config.eval_batches=0'], None,
+                             'config.eval_batches: must be >= 1 for pointer chasing'),
+    'batch_over_devices': ('quickstart.py:runlocal', [],
+                           {'XLA_FLAGS': '--xla_force_host_platform_device_count=3'},
+                           'config.batch_size: 16 is not divisible by the 3 devices each batch is '
+                           'split over (mesh data=3 x fsdp=1, of 3 devices); use a multiple of 3'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(START_CASES))
+def test_late_checks_fail_at_start_naming_the_field(case, tmp_path):
+  config, overrides, env, message = START_CASES[case]
+  workdir = tmp_path / 'work'
+  result = run_main([f'--config=configs/{config}', f'--workdir={workdir}',
+                     f'--config.data.data_dir={tmp_path / "data"}', *overrides], env_extra=env)
+  assert result.returncode == 2, result.stderr[-3000:]
+  line = _one_error_line(result)
+  assert line.startswith(f'ctr_jax: error: {message}'), line
+  assert not workdir.exists() and not (tmp_path / 'data').exists()
+
+
+def test_a_batch_that_splits_over_the_devices_passes_the_start_check():
+  # 3 devices: the quickstart's batch 16 does not split, 15 does (the check is not too strict).
+  config = _quickstart(**{'batch_size': 15})
+  config_lib.validate(config, devices=[object()] * 3)
+  config.mesh.fsdp = 3  # 15 over data=1 x fsdp=3
+  config_lib.validate(config, devices=[object()] * 3)
+  config.batch_size = 16
+  with pytest.raises(ValueError, match=r'^config.batch_size: 16 is not divisible by the 3 '
+                                       r'devices each batch is split over \(mesh data=1 x '
+                                       r'fsdp=3'):
+    config_lib.validate(config, devices=[object()] * 3)
+  config.job = 'generate'  # no batches
+  config_lib.validate(config, devices=[object()] * 3)
+
+
+def test_a_sample_prompt_longer_than_max_len_allows_is_named_before_training(data_dir, tmp_path):
+  # The config check allows num_tokens <= max_len - 1; the prompt's tokens are known only once the
+  # tokenizer is there, when the task is made (before the first step).
+  workdir = tmp_path / 'work'
+  flags = [f'--config.{k}={v}' for k, v in {**TINY, 'data.data_dir': data_dir,
+                                            'model.max_len': 16, 'sample.num_tokens': 15}.items()]
+  result = run_main(['--config=configs/quickstart.py', f'--workdir={workdir}', *flags])
+  assert result.returncode == 2, result.stderr[-3000:]
+  line = _one_error_line(result)
+  assert 'config.sample.prompt: ' in line and 'config.sample.num_tokens=15 make' in line, line
+  assert 'more than config.model.max_len=16' in line, line
+  assert not workdir.exists()

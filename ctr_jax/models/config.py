@@ -6,6 +6,8 @@ that modules hold, which lets `jax.jit` treat a model as a static argument.
 """
 
 import dataclasses
+import math
+import numbers
 import re
 from typing import Any
 
@@ -163,6 +165,12 @@ def validate(cfg) -> None:
   _check(cfg.block in blocks, 'block', f'got {cfg.block!r}, allowed {list(blocks)}')
   for field in ('vocab_size', 'width', 'depth', 'num_heads', 'max_len', 'mlp_ratio'):
     _check(int(cfg[field]) >= 1, field, f'must be a positive integer, got {cfg[field]!r}')
+  for field in ('head_dim', 'mlp_dim'):  # 0 = derived (C / H, mlp_ratio * C)
+    _check(isinstance(cfg[field], numbers.Integral) and cfg[field] >= 0, field,
+           f'must be an integer >= 0 (0 = derived from width), got {cfg[field]!r}')
+  _check(isinstance(cfg.layer_norm_eps, numbers.Real) and math.isfinite(cfg.layer_norm_eps)
+         and cfg.layer_norm_eps >= 0, 'layer_norm_eps',
+         f'must be a finite number >= 0, got {cfg.layer_norm_eps!r}')
   _check(cfg.width % cfg.num_heads == 0 or cfg.head_dim > 0, 'width',
          f'width={cfg.width} is not divisible by num_heads={cfg.num_heads}')
   head_dim = cfg.head_dim or cfg.width // cfg.num_heads

@@ -47,11 +47,25 @@ def evaluate_lm(model, params, batches, *, k_unroll=None, sequential=False, to_g
 def sample_text(model, params, tokenizer, prompt: str, num_tokens: int, rng, *,
                 temperature: float = 0.8, top_k: int = 40) -> str:
   """Continues `prompt` with the exact sequential decoder and returns the decoded text."""
-  ids = tokenizer.encode(prompt) or [tokenizer.eot_id]
+  ids = _prompt_ids(tokenizer, prompt)
   prompt_ids = jnp.asarray(np.array(ids, np.int32)[None])
   out = decode.generate(model, {'params': params}, prompt_ids, num_tokens, rng,
                         temperature=temperature, top_k=top_k)
   return tokenizer.decode([int(t) for t in np.asarray(out[0])])
+
+
+def _prompt_ids(tokenizer, prompt: str) -> list[int]:
+  return tokenizer.encode(prompt) or [tokenizer.eot_id]
+
+
+def check_sample_length(tokenizer, prompt: str, num_tokens: int, max_len: int) -> None:
+  """A ValueError naming config.sample.prompt when its tokens and `num_tokens` more exceed
+  `max_len` (checked when the task is made, not after training)."""
+  prompt_len = len(_prompt_ids(tokenizer, prompt))
+  if prompt_len + num_tokens > max_len:
+    raise ValueError(f'config.sample.prompt: {prompt_len} tokens and config.sample.num_tokens='
+                     f'{num_tokens} make {prompt_len + num_tokens} positions, more than '
+                     f'config.model.max_len={max_len}; shorten the prompt or lower num_tokens')
 
 
 def validate_lm_config(config) -> None:
@@ -80,6 +94,9 @@ class LanguageModelling:
                                  num_workers=data.get('num_workers', 0),
                                  progress=process_index == 0)
     self.tokenizer = self.dataset.tokenizer
+    if config.sample.num_tokens > 0:  # a sample after training must fit model.max_len
+      check_sample_length(self.tokenizer, config.sample.prompt, config.sample.num_tokens,
+                          config.model.max_len)
     self.train_iter = pipeline.train_iterator(
         self.dataset, seq_len=data.seq_len, global_batch_size=config.batch_size, seed=config.seed,
         process_index=process_index, process_count=process_count)

@@ -239,6 +239,10 @@ def validate_config(config) -> None:
   if not isinstance(stop_accuracy, (int, float)) or not 0 <= stop_accuracy <= 1:
     raise ValueError(f'config.data.stop_accuracy: got {stop_accuracy!r}, allowed a number in '
                      '[0, 1] (0: train every step)')
+  if config.eval_batches < 1:  # examples are generated: there is no whole split to read
+    raise ValueError(f'config.eval_batches: must be >= 1 for pointer chasing (each periodic '
+                     f'evaluation scores eval_batches x batch_size fresh examples), got '
+                     f'{config.eval_batches}')
   if config.pointer_eval_examples < 1:
     raise ValueError(f'config.pointer_eval_examples: must be >= 1, got '
                      f'{config.pointer_eval_examples}')

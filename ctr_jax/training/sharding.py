@@ -40,19 +40,34 @@ DEFAULT_RULES = (
 )
 
 
-def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh; one axis may be -1 = all remaining devices."""
-  devices = list(devices if devices is not None else jax.devices())
+def mesh_shape(mesh_config, num_devices: int) -> dict[str, int]:
+  """{'data': .., 'fsdp': .., 'tensor': ..} of the mesh `make_mesh` builds on `num_devices`
+  devices (the -1 axis resolved); a ValueError naming config.mesh when they do not fit."""
   sizes = [int(mesh_config[a]) for a in MESH_AXES]
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
-    if len(devices) % known:
-      raise ValueError(f'config.mesh: {len(devices)} devices are not divisible by {known}')
-    sizes[sizes.index(-1)] = len(devices) // known
-  if math.prod(sizes) != len(devices):
+    if num_devices % known:
+      raise ValueError(f'config.mesh: {num_devices} devices are not divisible by {known}')
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
     raise ValueError(f'config.mesh: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} '
-                     f'devices, {len(devices)} are available')
+                     f'devices, {num_devices} are available')
+  return dict(zip(MESH_AXES, sizes))
+
+
+def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh; one axis may be -1 = all remaining devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = list(mesh_shape(mesh_config, len(devices)).values())
   return jax.sharding.Mesh(np.array(devices).reshape(sizes), MESH_AXES)
+
+
+def batch_axes(rules=DEFAULT_RULES) -> tuple[str, ...]:
+  """The mesh axes a batch is split over (the 'act_batch' rule), as a tuple."""
+  axes = dict(rules).get('act_batch')
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 def param_axes(model, *init_args) -> dict:
