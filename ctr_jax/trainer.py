@@ -12,12 +12,10 @@ docs/reliability.md (ctr_jax/training/workdir.py and ctr_jax/training/checkpoint
 """
 
 import dataclasses
-import functools
 import json
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -33,6 +31,7 @@ from ctr_jax.training import (
   signals,
   train_step,
 )
+from ctr_jax.training import program as program_lib
 from ctr_jax.training import workdir as workdir_lib
 
 
@@ -143,7 +142,6 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
   if is_chief:  # the first line: which hardware the run got (a Colab GPU runtime may be a CPU)
     print(platform_line(mesh), flush=True)
   workdir = prepare_workdir(config, workdir)
-  rules = tuple(tuple(r) for r in config.sharding_rules)
   if is_chief:
     print(f'ctr_jax: {process_count} process(es), precision {config.get("precision", "auto")}: '
           f'{model_config.dtype} compute, {model_config.param_dtype} parameters, '
@@ -155,28 +153,19 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
   task = tasks.make(config, process_index, process_count)
   if config.job == 'prepare':  # dataset, tokenizer and token caches are built: nothing else
     return {'step': 0, 'prepared': config.data.name}
-  batch_sharding = sharding.batch_sharding(mesh, rules)
+
+  # ----------------------------------------------------------------------------------------------
+  # Model, optimizer, the sharded train state's shapes and the step (ctr_jax/training/program.py,
+  # which the compile job builds too).
+  # ----------------------------------------------------------------------------------------------
+  program = program_lib.build(config, model_config, mesh, task)
+  model, rules, repl = program.model, program.rules, program.replicated
+  abstract_state, state_shardings = program.abstract_state, program.state_shardings
 
   def to_global(local_batch):  # an array, or a dict of arrays sharing the batch axis
     return jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)),
+        lambda x: jax.make_array_from_process_local_data(program.batch_sharding, np.asarray(x)),
         local_batch)
-
-  # ----------------------------------------------------------------------------------------------
-  # Model, optimizer and the sharded train state (shapes first: nothing full-size on one device).
-  # ----------------------------------------------------------------------------------------------
-  model = models.build(model_config)
-  tx = optim.make_optimizer(config.optim, config.total_steps)
-  dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
-
-  def init_state(rng):
-    params = model.init(rng, dummy)['params']
-    return train_step.init_state(params, tx)
-
-  abstract_state = jax.eval_shape(init_state, jax.random.key(config.seed))
-  state_shardings = sharding.tree_shardings(abstract_state, mesh, rules,
-                                           sharding.param_axes(model, dummy))
-  repl = sharding.replicated(mesh)
 
   # ----------------------------------------------------------------------------------------------
   # Restore (see the resume order in the module docstring).
@@ -199,7 +188,7 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
       if is_chief:
         print(f'ctr_jax: resumed from the checkpoint at step {latest}', flush=True)
     else:
-      state = jax.jit(init_state, out_shardings=state_shardings)(jax.random.key(config.seed))
+      state = program.init(jax.random.key(config.seed))
       if config.init_from:
         state = init_from.load_into(config, state, state_shardings, mesh, rules)
   num_params = models.count_params(state['params'])
@@ -208,24 +197,10 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
     metrics.drop_rows_after(workdir, latest or 0)
     workdir_lib.write_config(workdir, json.loads(config.to_json()), latest)
 
-  # ----------------------------------------------------------------------------------------------
-  # Steps: one jitted train step per K value (random-depth training draws K per batch).
-  # ----------------------------------------------------------------------------------------------
-  step_fn = train_step.make_train_step(model, tx, task,
-                                       recipe=train_step.Recipe.from_config(config.train),
-                                       base_rng=jax.random.key(config.seed + 1),
-                                       deterministic=config.model.dropout == 0)
-
-  @functools.cache
-  def compiled_step(k_unroll):
-    return jax.jit(functools.partial(step_fn, k_unroll=k_unroll),
-                   in_shardings=(state_shardings, batch_sharding),
-                   out_shardings=(state_shardings, repl), donate_argnums=(0,))
-
   run_start = time.perf_counter()
 
   def run_eval(state, final=False):
-    with jax.set_mesh(mesh), sharding.activation_rules(rules):
+    with program.context():
       return task.evaluate(model, state['params'], to_global=to_global, final=final)
 
   writer = metrics.MetricWriter(workdir, active=is_chief)
@@ -247,8 +222,8 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
     while config.job == 'train' and step < config.total_steps:
       batch = to_global(next(task.train_iter))
       k = train_step.k_for_step(config.train, config.model, config.seed, step)
-      with jax.set_mesh(mesh), sharding.activation_rules(rules):
-        state, step_metrics = compiled_step(k)(state, batch)
+      with program.context():  # one jitted step per K value (random depth draws K per batch)
+        state, step_metrics = program.step(k)(state, batch)
       step += 1
       window.append(step_metrics)
       health = checkpointing.health_update(health, step, step_metrics['loss'],

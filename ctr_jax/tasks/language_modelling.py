@@ -104,10 +104,16 @@ class LanguageModelling:
     self.eval_batches = pipeline.eval_batches(
         self.dataset, seq_len=data.seq_len, global_batch_size=config.batch_size,
         num_batches=num, process_index=process_index, process_count=process_count)
-    self.objective = losses.NextToken(config.train.convergence_weight)
+    self.objective = self.abstract(config)[0]
     # The exact scan exists for a context-ready model unless it is the cumulative ablation.
     self.sequential = (config.eval_sequential and config.model.kind == 'context_ready'
                        and not config.model.cumulative)
+
+  @classmethod
+  def abstract(cls, config):
+    """(NextToken objective, int32 [B, T+1] windows): the training batch without the corpus."""
+    return (losses.NextToken(config.train.convergence_weight),
+            jax.ShapeDtypeStruct((config.batch_size, config.data.seq_len + 1), jnp.int32))
 
   def inputs(self, batch):
     return self.objective.inputs(batch)

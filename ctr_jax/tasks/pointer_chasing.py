@@ -18,8 +18,10 @@ the levels are his: the table keys of each level L0..L(H-1), then L(H), the fina
 """
 
 from collections.abc import Callable, Mapping
+import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ctr_jax.data import curricula
@@ -174,6 +176,21 @@ def solved_everything(evaluation: Mapping, stop_accuracy: float) -> bool:
   return min(scores) >= stop_accuracy
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetsObjective:
+  """The pointer task's objective: tokens in, `loss_on_targets` of the logits (no convergence
+  term: the task's loss alone, as the author trains it)."""
+  loss_over: str = 'targets'
+
+  def inputs(self, batch):
+    return batch['tokens']
+
+  def loss(self, logits, aux, batch):
+    del aux
+    loss = loss_on_targets(logits, batch['targets'], self.loss_over)
+    return loss, {'loss': loss}
+
+
 class _BatchStream:
   """Endless, checkpointable stream of this process's share of each global batch."""
 
@@ -288,16 +305,22 @@ class PointerChasing:
     self.eval_examples = config.eval_batches * config.batch_size
     self.final_examples = config.pointer_eval_examples
     self.batch_size = config.batch_size
-    self.loss_over = config.data.get('loss_over', 'targets')
+    self.objective = self.abstract(config)[0]
+    self.loss_over = self.objective.loss_over
     self.stop_accuracy = float(config.data.get('stop_accuracy', 0.0))
 
+  @classmethod
+  def abstract(cls, config):
+    """(TargetsObjective, {'tokens', 'targets'}: int32 [B, T]) without generating a batch."""
+    shape = jax.ShapeDtypeStruct((config.batch_size, config.data.seq_len), jnp.int32)
+    return (TargetsObjective(config.data.get('loss_over', 'targets')),
+            {'tokens': shape, 'targets': shape})
+
   def inputs(self, batch):
-    return batch['tokens']
+    return self.objective.inputs(batch)
 
   def loss(self, logits, aux, batch):
-    del aux  # no convergence term: the task's loss alone, as the author trains it
-    loss = loss_on_targets(logits, batch['targets'], self.loss_over)
-    return loss, {'loss': loss}
+    return self.objective.loss(logits, aux, batch)
 
   def evaluate(self, model, params, *, to_global, final: bool) -> dict:
     """Per-level accuracy; the exact sequential model for a CRT, the forward for a transformer.

@@ -30,6 +30,12 @@ class Task(Protocol):
   metric_names: ClassVar[Mapping[str, str]]
   has_sample: ClassVar[bool]
 
+  @classmethod
+  def abstract(cls, config) -> tuple[Any, Any]:
+    """(objective, one global training batch as jax.ShapeDtypeStructs) without any data: the
+    objective has the task's `inputs` and `loss`; what an ahead-of-time compile of the train
+    step needs (`ctr_jax.training.aot`)."""
+
   def inputs(self, batch) -> Any:
     """The tokens [B, T] the model reads from a batch."""
 
@@ -71,6 +77,12 @@ def validate_config(config) -> None:
   check = _REGISTRY[config.data.name][1]
   if check is not None:
     check(config)
+
+
+def abstract(config) -> tuple[Any, Any]:
+  """The config's task's (objective, global batch shapes); reads and builds no data."""
+  validate_config(config)
+  return _REGISTRY[config.data.name][0].abstract(config)
 
 
 def make(config, process_index: int, process_count: int) -> Task:
