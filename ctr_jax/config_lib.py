@@ -21,14 +21,16 @@ import ml_collections
 from ctr_jax import models, tasks
 from ctr_jax.training import compat, optim, sharding, train_step
 
-JOBS = ('train', 'evaluate', 'generate', 'prepare')
+JOBS = ('train', 'evaluate', 'generate', 'prepare', 'compile')
 PRECISIONS = ('auto', 'float32', 'bfloat16')
 
 
 def get_base() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.job = 'train'                # 'train' (train and evaluate) | 'evaluate' | 'generate' |
-                                 # 'prepare' (only build the dataset, tokenizer and token cache)
+                                 # 'prepare' (only build the dataset, tokenizer and token cache) |
+                                 # 'compile' (the train step's memory and FLOPs per device from
+                                 # shapes, into compile.json; no data, no training)
   c.seed = 0
   c.precision = 'auto'           # the model's compute dtype (resolve_precision): 'auto' = bfloat16
                                  # on GPU/TPU, float32 on CPU | 'float32' | 'bfloat16'; parameters,
@@ -44,7 +46,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.train.convergence_weight = 0.1  # lambda of MSE(e + c^(K), stopgrad(e + c^(K-1))) (unroll)
   # What the backward pass recomputes instead of storing (unroll): 'none' | 'iteration' (each
   # fixed-point iteration) | 'layer' (each block) | 'matmuls' (each block, its weight products
-  # kept); True / False (older configs) = 'iteration' / 'none'.
+  # kept); True / False (older configs) = 'iteration' / 'none'. --config.job=compile measures it.
   c.train.remat = ml_collections.FieldReference('none', field_type=object)
   c.train.grad_iterations = 0    # >0: backpropagate through the last m of the K iterations only
 

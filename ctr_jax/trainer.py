@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ctr_jax import config_lib, models, tasks
 from ctr_jax.training import (
+  aot,
   checkpointing,
   compat,
   init_from,
@@ -60,7 +61,7 @@ def prepare_workdir(config, workdir: str) -> str:
                       f'(fields {diff}); use a new --workdir')
     config_lib.check_resumable(meta.get('config', {}), config, workdir)
     resume.check_data_position(meta.get('config', {}), config, workdir)
-  elif config.job not in ('train', 'prepare'):
+  elif config.job not in ('train', 'prepare', 'compile'):
     raise UserError(f'config.job={config.job!r} needs a checkpoint, but {workdir} has none')
   return workdir
 
@@ -146,6 +147,9 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
     print(f'ctr_jax: {process_count} process(es), precision {config.get("precision", "auto")}: '
           f'{model_config.dtype} compute, {model_config.param_dtype} parameters, '
           f'workdir {workdir}', flush=True)
+
+  if config.job == 'compile':  # memory and FLOPs of the step from shapes: no data, no state
+    return aot.compile_job(config, model_config, mesh, workdir, is_chief)
 
   # ----------------------------------------------------------------------------------------------
   # Data.

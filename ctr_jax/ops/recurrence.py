@@ -2,12 +2,16 @@
 
 * `fixed_point_unroll`: K iterations of a step with shared weights, as one `nn.scan` (the lifted
   `jax.lax.scan`), all positions in parallel. Used by the context-ready parallel forward.
+  `unrolled_loops()` makes it emit the K iterations as straight-line code instead (the same
+  function), for XLA's cost analysis, which counts a loop's body once.
 * `REMAT` and `remat_name`: what the backward pass of the training forward recomputes instead of
   storing (`config.train.remat`).
 * `DecodeState` + `shift_right`: the state of the exact left-to-right scan over positions that
   `ctr_jax.inference.decode` runs for both model kinds.
 """
 
+import contextlib
+import contextvars
 from typing import Any, Callable
 
 import flax
@@ -42,6 +46,23 @@ def remat_name(value: Any) -> str:
                    "'iteration', False = 'none')")
 
 
+_UNROLLED = contextvars.ContextVar('unrolled_loops', default=False)
+
+
+@contextlib.contextmanager
+def unrolled_loops():
+  """Within it, `fixed_point_unroll` traces its K iterations as straight-line code, not a loop.
+
+  The function is the same; XLA's cost analysis counts a loop body once whatever its trip
+  count, so a FLOP count of the whole K-unroll needs it unrolled (`ctr_jax.training.aot`).
+  """
+  token = _UNROLLED.set(True)
+  try:
+    yield
+  finally:
+    _UNROLLED.reset(token)
+
+
 def fixed_point_unroll(module: nn.Module, step: Callable, carry: Any, num_steps: int, *,
                        remat: bool = False):
   """Runs `carry, out = step(module, carry)` `num_steps` times; returns (carry, stacked outs).
@@ -55,7 +76,7 @@ def fixed_point_unroll(module: nn.Module, step: Callable, carry: Any, num_steps:
   if remat:
     body = nn.remat(body, prevent_cse=False)
   scan = nn.scan(body, variable_broadcast='params', split_rngs={'params': False, 'dropout': True},
-                 length=num_steps)
+                 length=num_steps, unroll=max(num_steps, 1) if _UNROLLED.get() else 1)
   return scan(module, carry, None)
 
 
