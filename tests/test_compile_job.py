@@ -77,8 +77,8 @@ def _model_flops(config) -> float:
   return 3 * config.batch_size * t * forward
 
 
-@pytest.mark.parametrize('kind', ['context_ready',
-                                  pytest.param('transformer', marks=pytest.mark.slow)])
+@pytest.mark.slow  # test_the_numbers_are_per_device checks the count; test_remat.py the remats
+@pytest.mark.parametrize('kind', ['context_ready', 'transformer'])
 def test_remat_lowers_temp_bytes_and_flops_count_the_whole_unroll(kind):
   mesh = sharding.make_mesh(config_lib.get_base().mesh, jax.devices()[:1])
   measured = {r: _measure(_tiny(kind, r), mesh) for r in recurrence.REMAT}
@@ -98,3 +98,16 @@ def test_remat_lowers_temp_bytes_and_flops_count_the_whole_unroll(kind):
     # A transformer has no iterations: 'iteration' compiles the same step.
     assert measured['iteration']['temp_bytes'] == none['temp_bytes']
     assert measured['layer']['flops_per_step'] > none['flops_per_step']
+
+
+def test_the_numbers_are_per_device():
+  """Two-way fsdp on two fake devices: each holds about half the state and does half the FLOPs."""
+  config = _tiny('context_ready', 'none')
+  one = _measure(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
+  config.mesh.data, config.mesh.fsdp = 1, 2
+  two = _measure(config, sharding.make_mesh(config.mesh, jax.devices()[:2]))
+  assert (two['devices'], two['mesh']) == (2, {'data': 1, 'fsdp': 2, 'tensor': 1})
+  assert 0.45 <= two['argument_bytes'] / one['argument_bytes'] <= 0.6
+  assert two['flops_per_step'] == pytest.approx(one['flops_per_step'] / 2, rel=1e-6)
+  # The whole K-unroll is counted (as in the slow test above), not one scan body (about 1/K).
+  assert 1.0 <= one['flops_per_step'] / _model_flops(config) <= 1.12
