@@ -13,7 +13,8 @@ from ctr_jax import config_lib
 
 
 def get_config(arg=None):
-  c = config_lib.paper_config('d1_c2048', None, k_unroll=10, k_min=0)
+  c = config_lib.paper_config('d1_c2048', None, k_unroll=10, k_min=0,
+                              remat=config_lib.PAPER_REMAT['d1_c2048_k10'])
   c.data.seq_len = 1024
   c.batch_size = 16
   if config_lib.parse_arg(arg, runlocal=False).runlocal:

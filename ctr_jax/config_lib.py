@@ -107,12 +107,24 @@ def get_base() -> ml_collections.ConfigDict:
   return c
 
 
-def paper_config(size: str, arg: str | None, *, k_min: int = 2,
+# The remat each paper config (configs/<name>.py) trains with: the fewest FLOPs per step among
+# the choices whose train step fits one 80 GB GPU at its batch in float32, as
+# --config.job=compile estimates it (docs/compile_memory.json, written by
+# `python -m ctr_jax.projects.perf.compile_memory`; tests/test_compile_memory.py checks both agree).
+PAPER_REMAT = {
+    'd11_c768': 'matmuls', 'd1_c2048': 'none', 'd1_c2048_k10': 'matmuls', 'd3_c1408': 'none',
+    'd5_c1120': 'matmuls', 'd6_c1024': 'matmuls',
+    't12_c768': 'none', 't2_c1888': 'none', 't4_c1344': 'none', 't6_c1088': 'none',
+}
+
+
+def paper_config(size: str, arg: str | None, *, k_min: int = 2, remat: str | None = None,
                  **model_overrides) -> ml_collections.ConfigDict:
   """The author's OpenWebText recipe for one size name (reference section 6.1).
 
   Vocabulary 32,000, block 256, batch 64, 100K steps, lr 2e-4, K = 5 with k_min = 2, lambda = 0.1,
-  16 heads. Args: `runlocal` shrinks it to a CPU run of a few minutes on the embedded corpus.
+  16 heads; `config.train.remat` from `PAPER_REMAT[size]` unless `remat` is given. Args:
+  `runlocal` shrinks it to a CPU run of a few minutes on the embedded corpus.
   """
   args = parse_arg(arg, runlocal=False)
   c = get_base()
@@ -120,6 +132,7 @@ def paper_config(size: str, arg: str | None, *, k_min: int = 2,
   c.model = models.model_config(name=size, **{**fields, **model_overrides})
   c.train.k_min = k_min
   c.train.convergence_weight = 0.1
+  c.train.remat = PAPER_REMAT.get(size, 'none') if remat is None else remat
   c.data.name = 'openwebtext'
   c.data.seq_len = 256
   c.batch_size = 64
@@ -287,6 +300,7 @@ def shrink_for_cpu(config) -> None:
       else min(config.model.depth, 4), num_heads=4, vocab_size=2048, max_len=128)
   config.model.k_unroll = min(config.model.k_unroll, 5)
   config.train.k_min = min(config.train.k_min, config.model.k_unroll)
+  config.train.remat = 'none'  # a CPU-sized step needs no recomputation
   config.data.name = 'kjv_bible'
   config.data.seq_len = 64
   config.batch_size = 16
