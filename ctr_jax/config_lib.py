@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from ctr_jax import models, tasks
-from ctr_jax.training import compat, optim, sharding, train_step
+from ctr_jax.training import compat, metrics, optim, sharding, train_step
 
 JOBS = ('train', 'evaluate', 'generate', 'prepare', 'compile')
 PRECISIONS = ('auto', 'float32', 'bfloat16')
@@ -72,7 +72,9 @@ def get_base() -> ml_collections.ConfigDict:
   c.optim.eps = 1e-8
   c.optim.grad_clip = 1.0        # global-norm clipping; 0 = off
 
-  c.log_every = 100
+  c.log_every = 100             # metrics.jsonl rows: losses, tokens/s (per device too), MFU
+  c.profile_steps = ''           # a jax.profiler trace in <workdir>/tensorboard: '' off, 'N' N
+                                 # steps after the first (which compiles), 'A,B' steps A+1..B
   c.eval_every = 5000            # the author's evaluation interval
   c.eval_batches = 20            # validation batches per evaluation (0 = the whole split)
   c.eval_sequential = True       # also evaluate a context-ready model with the exact scan
@@ -220,6 +222,7 @@ def validate(config, devices=None) -> None:
          and (dist.num_processes == -1 or dist.process_id < dist.num_processes),
          'distributed.process_id', f'must be -1 (from the cluster) or in [0, num_processes), got '
          f'{dist.process_id!r}')
+  metrics.profile_range(config.get('profile_steps', ''), 0)  # raises naming the field
 
 
 def _validate_sample(sample, model) -> None:

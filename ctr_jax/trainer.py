@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ctr_jax import config_lib, models, tasks
+from ctr_jax.reporting import peaks
 from ctr_jax.training import (
   aot,
   checkpointing,
@@ -217,7 +218,10 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
   # ----------------------------------------------------------------------------------------------
   tokens_per_step = config.batch_size * config.data.seq_len
   progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
-  window_start, tokens_per_second = time.perf_counter(), None
+  throughput = metrics.Throughput(tokens_per_step, mesh.size, _peak_flops(
+      model_config.dtype, mesh.size) if is_chief and config.job == 'train' else None)
+  profiler = metrics.Profiler(workdir, metrics.profile_range(config.get('profile_steps', ''), step),
+                              active=is_chief)
   health = checkpointing.health_init(repl)  # first step with a NaN/Inf loss or gradient norm
   last_saved = latest
   stop.phase = signals.TRAINING
@@ -226,9 +230,12 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
     while config.job == 'train' and step < config.total_steps:
       batch = to_global(next(task.train_iter))
       k = train_step.k_for_step(config.train, config.model, config.seed, step)
+      profiler.before_step(step)
       with program.context():  # one jitted step per K value (random depth draws K per batch)
         state, step_metrics = program.step(k)(state, batch)
       step += 1
+      throughput.step(metrics.flops_per_step(config, k))
+      profiler.after_step(step, step_metrics)
       window.append(step_metrics)
       health = checkpointing.health_update(health, step, step_metrics['loss'],
                                            step_metrics['grad_norm'])
@@ -239,25 +246,25 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
         if not all(np.isfinite(v) for v in mean.values()):
           raise RuntimeError(f'a training metric became NaN or Inf somewhere within steps '
                              f'[{step - len(host) + 1}, {step}]: {mean}')
-        elapsed = time.perf_counter() - window_start
-        tokens_per_second = len(host) * tokens_per_step / max(elapsed, 1e-9)
+        # Speed of the steps this run took in the window (not those restored with it).
+        speed = throughput.read()
         # The loss's own metrics under the task's names ('loss' first), then the optimiser's.
         own = sorted(set(mean) - {'loss', *OPTIMIZER_METRICS})
         logged = {tasks.metric_name(task, k): mean[k] for k in ['loss', *own]}
         writer.write(step, {**logged, **{k: mean[k] for k in OPTIMIZER_METRICS},
-                            'learning_rate': float(schedule(step - 1)),
-                            'tokens_per_second': tokens_per_second})
-        summary.update(train_loss=mean['loss'], tokens_per_second=tokens_per_second)
-        progress.set_postfix(loss=f"{mean['loss']:.3f}", tok_s=f'{tokens_per_second:,.0f}')
-        window, window_start = [], time.perf_counter()
+                            'learning_rate': float(schedule(step - 1)), **speed})
+        summary.update(train_loss=mean['loss'], **speed)
+        progress.set_postfix(_progress_fields(mean['loss'], speed))
+        window = []
       progress.update(1)
       done_early = False
       if step % config.eval_every == 0 and step < config.total_steps:
+        eval_start = time.perf_counter()
         evaluation = run_eval(state)
         writer.write(step, _scalars(evaluation))
         _report(is_chief, step, evaluation, progress)
         done_early = task.stop_early(evaluation)
-        window_start = time.perf_counter()  # evaluation time is not training throughput
+        throughput.exclude(time.perf_counter() - eval_start)  # not training throughput
       stopping = stop.received is not None or step == config.exit_at_step
       if (stopping or done_early or step % config.checkpoint_every == 0
           or step == config.total_steps):
@@ -283,6 +290,7 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
         break
   finally:
     stop.deferring = False
+    profiler.stop(state)
     progress.close()
   stop.phase = 'the end of training (its last step is saved)'
   stop.raise_if_received()  # a signal after the last step's check
@@ -363,6 +371,25 @@ def _total_seconds(earlier_seconds: float | None, run_start: float) -> float | N
   if earlier_seconds is None:
     return None
   return earlier_seconds + time.perf_counter() - run_start
+
+
+def _peak_flops(dtype: str, devices: int) -> float:
+  """The peak FLOP/s of the devices a step runs on, in the compute dtype the precision resolved
+  (the MFU denominator): one device's from the vendor table or a matmul rate measured once per
+  machine and cached (ctr_jax/reporting/peaks.py), times the devices. CPU devices of one process
+  share its cores, whose measured rate is the peak of them all."""
+  device = jax.local_devices()[0]
+  one = peaks.peak_flops(device, str(dtype))[0]
+  return one * (jax.process_count() if device.platform == 'cpu' else devices)
+
+
+def _progress_fields(loss: float, speed: dict) -> dict:
+  fields = {'loss': f'{loss:.3f}', 'tok_s': f"{speed['tokens_per_second']:,.0f}"}
+  if speed['tokens_per_second_per_device'] != speed['tokens_per_second']:
+    fields['tok_s_dev'] = f"{speed['tokens_per_second_per_device']:,.0f}"
+  if 'mfu' in speed:
+    fields['mfu'] = f"{100 * speed['mfu']:.3g}%"
+  return fields
 
 
 def _progress_bar(active: bool, initial: int, total: int):

@@ -68,7 +68,7 @@ def test_train_evaluate_generate_end_to_end(data_dir, tmp_path, capsys):
   assert os.path.exists(os.path.join(workdir, 'generate.json'))
 
 
-WALL_CLOCK = ('tokens_per_second',)
+WALL_CLOCK = ('tokens_per_second', 'tokens_per_second_per_device', 'mfu')
 
 
 def metric_lines(workdir):

@@ -5,9 +5,9 @@ each batch size, and the peer), 'prefill', 'chunked' (chunked prefill against th
 'ttft' (time to the first token by each prefill method) and 'scaling', run in the order the
 config lists them. See configs/bench/ for the fields.
 
-MFU is against the device's data-sheet peak where `devices.BF16_PEAKS` has one (a listed GPU, in
-bfloat16), else against the matmul peak measured in the same run (every CPU figure). With
-`config.budget` a section skips, with a note, the items that would overrun its seconds.
+MFU is against the device's data-sheet peak where `reporting.peaks` has one (a listed GPU or
+TPU, in bfloat16), else against the matmul peak measured in the same run (every CPU figure).
+With `config.budget` a section skips, with a note, the items that would overrun its seconds.
 """
 
 import datetime

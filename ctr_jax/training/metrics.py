@@ -1,4 +1,5 @@
-"""What a user sees in the workdir: metrics.jsonl, TensorBoard events, curves.png, summary.json.
+"""What a user sees in the workdir: metrics.jsonl, TensorBoard events, curves.png, summary.json,
+the throughput and MFU they log (`Throughput`) and profiler traces (`Profiler`).
 
 Only process 0 writes; other processes get a writer whose methods do nothing. Files go through
 `etils.epath`, so a `gs://` workdir works like a local one with the `.[gcs]` extra installed
@@ -9,12 +10,15 @@ import io
 import json
 import math
 import sys
+import time
 
 from etils import epath
+import jax
 from matplotlib.figure import Figure
 import numpy as np
 from tensorboardX import SummaryWriter
 
+from ctr_jax import models
 from ctr_jax.training import workdir as workdir_lib
 
 
@@ -175,3 +179,107 @@ def plot_curves(workdir) -> str | None:
   fig.savefig(buffer, format='png', dpi=100)
   workdir_lib.write_bytes_atomic(path, buffer.getvalue())
   return str(path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput and MFU of the training steps.
+# ------------------------------------------------------------------------------------------------
+
+
+def flops_per_step(config, k_unroll: int) -> float:
+  """Model FLOPs of one training step of `config` at K = `k_unroll` (docs/benchmarks.md:
+  3 x forward, the unit and its correction K times; BPTT's exact scan counts as K = 1)."""
+  k = 1 if config.train.get('mode', 'unroll') == 'bptt' else k_unroll
+  per_token = models.training_flops_per_token(config.model, config.data.seq_len, k,
+                                              config.train.get('grad_iterations', 0))
+  return per_token * config.batch_size * config.data.seq_len
+
+
+class Throughput:
+  """Tokens/s (in all and per device) and MFU of the steps this process ran since the last
+  `read`, evaluation time left out (`exclude`).
+
+  MFU = model FLOPs of those steps / (seconds x `peak_flops`, the peak of all `devices`
+  together); no `mfu` without a peak. The first window includes compiling the step, so it reads
+  low.
+  """
+
+  def __init__(self, tokens_per_step: int, devices: int, peak_flops: float | None):
+    self.tokens_per_step, self.devices, self.peak_flops = tokens_per_step, devices, peak_flops
+    self._reset()
+
+  def _reset(self):
+    self._start, self._steps, self._flops = time.perf_counter(), 0, 0.0
+
+  def step(self, flops: float) -> None:
+    self._steps += 1
+    self._flops += flops
+
+  def exclude(self, seconds: float) -> None:
+    """Leaves `seconds` (an evaluation between two steps) out of the current window."""
+    self._start += seconds
+
+  def read(self) -> dict:
+    """{'tokens_per_second', 'tokens_per_second_per_device'[, 'mfu']}; starts a new window."""
+    seconds = max(time.perf_counter() - self._start, 1e-9)
+    rate = self._steps * self.tokens_per_step / seconds
+    out = {'tokens_per_second': rate, 'tokens_per_second_per_device': rate / self.devices}
+    if self.peak_flops:
+      out['mfu'] = self._flops / (seconds * self.peak_flops)
+    self._reset()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Profiler traces (config.profile_steps) in the workdir's TensorBoard directory.
+# ------------------------------------------------------------------------------------------------
+
+
+def profile_range(profile_steps, first_step: int) -> tuple[int, int] | None:
+  """`config.profile_steps` as (a, b): trace from after step a to after step b (steps a+1..b).
+
+  '' or '0': no trace. 'A,B' (0 <= A < B): those steps, e.g. '10,20' traces steps 11 to 20.
+  'N': N steps from the second step this run takes (the first one compiles), whatever step
+  the run starts or resumes at. Raises ValueError naming the field for anything else.
+  """
+  text = str(profile_steps).strip()
+  parts = [p.strip() for p in text.split(',')] if text else []
+  try:
+    numbers = [int(p) for p in parts]
+  except ValueError:
+    numbers = None
+  if numbers is None or len(numbers) > 2 or any(n < 0 for n in numbers) or (
+      len(numbers) == 2 and numbers[0] >= numbers[1]):
+    raise ValueError(f"config.profile_steps: got {profile_steps!r}; use '' (off), 'N' (N steps "
+                     "after the first) or 'A,B' with 0 <= A < B (steps A+1 to B)")
+  if not numbers or numbers == [0]:
+    return None
+  if len(numbers) == 1:
+    return first_step + 1, first_step + 1 + numbers[0]
+  return numbers[0], numbers[1]
+
+
+class Profiler:
+  """A jax.profiler trace of the steps `profile_range` names, written to
+  `<workdir>/tensorboard/plugins/profile/<time>/` (TensorBoard's profile tab reads it)."""
+
+  def __init__(self, workdir, steps: tuple[int, int] | None, active: bool = True):
+    self.directory = str(epath.Path(workdir) / 'tensorboard')
+    self.steps = steps if active else None
+    self.tracing = False
+
+  def before_step(self, done: int) -> None:
+    """Called with the number of steps done before the next one runs."""
+    if self.steps and done == self.steps[0] and not self.tracing:
+      jax.profiler.start_trace(self.directory)
+      self.tracing = True
+
+  def after_step(self, done: int, outputs) -> None:
+    if self.tracing and done >= self.steps[1]:
+      self.stop(outputs)
+
+  def stop(self, outputs=None) -> None:
+    if self.tracing:
+      jax.block_until_ready(outputs)  # the traced steps' device work ends inside the trace
+      jax.profiler.stop_trace()
+      self.tracing = False
