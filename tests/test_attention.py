@@ -226,3 +226,15 @@ def test_the_head_dim_table_in_accelerators_md_is_the_size_table():
     assert (multiple == 'yes') == (spec.head_dim % kernels.CUDNN_HEAD_DIM_MULTIPLE == 0)
     full = models.training_flops_per_token(cfg, 256, 5)
     assert float(share) == round(100 * (1 - models.training_flops_per_token(cfg, 0, 5) / full), 1)
+
+
+def test_the_cpu_path_is_the_hand_written_kernel_unchanged():
+  """On XLA:CPU `attention` traces to exactly the hand-written kernel, forward and backward, so
+  its measured speed is kept."""
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 6, 8)) for i in range(3))
+  mask = jnp.tril(jnp.ones((6, 6), bool))[None].repeat(2, 0)
+  trace = lambda fn: str(jax.make_jaxpr(jax.value_and_grad(
+      lambda q, k, v: jnp.sum(fn(q, k, v, mask, 0.35)), argnums=(0, 1, 2)))(q, k, v))
+  assert trace(kernels.attention) == trace(kernels.softmax_attention)
+  assert trace(kernels.attention) != trace(functools.partial(kernels.attention,
+                                                             implementation='xla'))
