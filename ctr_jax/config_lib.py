@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from ctr_jax import models, tasks
-from ctr_jax.training import compat, metrics, optim, sharding, train_step
+from ctr_jax.training import checkpointing, compat, metrics, optim, sharding, train_step
 
 JOBS = ('train', 'evaluate', 'generate', 'prepare', 'compile')
 PRECISIONS = ('auto', 'float32', 'bfloat16')
@@ -80,6 +80,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval_sequential = True       # also evaluate a context-ready model with the exact scan
   c.checkpoint_every = 5000
   c.keep_checkpoints = 3           # newest checkpoints kept (>= 1)
+  c.async_checkpoints = 'auto'   # orbax's async save: 'auto' (on GPU/TPU, off on CPU) | 'on' | 'off'
   c.strict_resume = False        # False: a damaged newest checkpoint is moved aside with a warning
                                  # and the run resumes from the newest complete older one;
                                  # True: refuse (docs/reliability.md)
@@ -223,6 +224,7 @@ def validate(config, devices=None) -> None:
          'distributed.process_id', f'must be -1 (from the cluster) or in [0, num_processes), got '
          f'{dist.process_id!r}')
   metrics.profile_range(config.get('profile_steps', ''), 0)  # raises naming the field
+  checkpointing.use_async(config.get('async_checkpoints', 'auto'))  # the same
 
 
 def _validate_sample(sample, model) -> None:

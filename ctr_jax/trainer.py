@@ -11,6 +11,7 @@ What a crash, a full disk, a damaged checkpoint or a second run on the same work
 docs/reliability.md (ctr_jax/training/workdir.py and ctr_jax/training/checkpointing.py).
 """
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -175,7 +176,9 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
   # ----------------------------------------------------------------------------------------------
   # Restore (see the resume order in the module docstring).
   # ----------------------------------------------------------------------------------------------
-  mngr = checkpointing.manager(workdir, config.keep_checkpoints)
+  mngr = checkpointing.manager(workdir, config.keep_checkpoints, async_save=(
+      config.job == 'train'
+      and checkpointing.use_async(config.get('async_checkpoints', 'auto'), platform)))
   earlier_seconds = 0.0  # time spent by earlier runs of this workdir; None if unknown
   window = []  # per-step metrics of the logging window in progress (restored with the state)
   with jax.set_mesh(mesh):
@@ -271,7 +274,8 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
         checkpointing.check_health(health, last_saved, workdir)  # never save a NaN state
         meta = _meta(config, step, _total_seconds(earlier_seconds, run_start))
         meta['metrics_window'] = checkpointing.window_to_json(jax.device_get(window))
-        checkpointing.save(mngr, step, state, task.train_iter.get_state(), meta)
+        # Asynchronous saves (GPU/TPU) return once the state is on the host; a stop waits.
+        checkpointing.save(mngr, step, state, task.train_iter.get_state(), meta, wait=stopping)
         run.saved, last_saved = True, step
       if stopping:
         if is_chief:
@@ -288,10 +292,15 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
         if is_chief:
           progress.write(f'ctr_jax: step {step}: the task is done; stopping early')
         break
+  except BaseException:
+    with contextlib.suppress(Exception):  # a write in flight ends; the first error is the one
+      checkpointing.finish(mngr)
+    raise
   finally:
     stop.deferring = False
     profiler.stop(state)
     progress.close()
+  checkpointing.finish(mngr)  # the last asynchronous write is complete (or reported) from here
   stop.phase = 'the end of training (its last step is saved)'
   stop.raise_if_received()  # a signal after the last step's check
 

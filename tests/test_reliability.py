@@ -579,3 +579,88 @@ def test_a_token_cache_with_ids_past_the_vocabulary_is_one_line(data_dir, tmp_pa
                          'token id 400 (at ['), last
   assert 'outside [0, 320)' in last and 'Traceback' not in result.stderr
   assert not workdir.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Asynchronous checkpoints (the default on GPU/TPU), forced on CPU.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def async_managers(monkeypatch):
+  """Records the async_save of every checkpoint manager the trainer makes."""
+  made, original = [], checkpointing.manager
+
+  def spy(workdir, max_to_keep=3, async_save=False):
+    made.append(async_save)
+    return original(workdir, max_to_keep, async_save)
+  monkeypatch.setattr(checkpointing, 'manager', spy)
+  return made
+
+
+def _train_losses(workdir):
+  return {r['step']: r['train_loss'] for r in metrics.read_metrics(workdir) if 'train_loss' in r}
+
+
+def test_async_checkpoints_resume_exactly_and_never_save_a_nan(data_dir, tmp_path, async_managers):
+  options = dict(total_steps=6, log_every=1, eval_every=2, checkpoint_every=2)
+  sync = str(tmp_path / 'sync')
+  trainer.train_and_evaluate(tiny_train_config(data_dir, **options), sync)
+  assert async_managers == [False]  # 'auto' on CPU
+  split = str(tmp_path / 'split')
+  forced = {**options, 'async_checkpoints': 'on'}
+  first = trainer.train_and_evaluate(tiny_train_config(data_dir, **forced, exit_at_step=5), split)
+  assert first.get('interrupted') and checkpointing.steps(split) == [2, 4, 5]
+  trainer.train_and_evaluate(tiny_train_config(data_dir, **forced), split)
+  assert async_managers == [False, True, True]
+  assert checkpointing.steps(split) == [4, 5, 6] and not glob.glob(f'{split}/checkpoints/*tmp*')
+  assert _train_losses(split) == _train_losses(sync)  # bit for bit, across the stop
+  # Step 4 was written while steps 5 and 6 trained on (donated) buffers: the same bits.
+  for step in (4, 6):
+    written = checkpointing.load_params(split, step=step)[1]
+    expected = checkpointing.load_params(sync, step=step)[1]
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(written),
+                                                      jax.tree.leaves(expected))), step
+  # The NaN guard holds: the state after step 6 is the last one saved.
+  nan = {**forced, 'optim.lr': 1e6, 'total_steps': 20, 'log_every': 25, 'checkpoint_every': 10}
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r'NaN or Inf at step ([7-9]|1\d); .*last good checkpoint is step 6 in '):
+    trainer.train_and_evaluate(tiny_train_config(data_dir, **nan), split)
+  assert checkpointing.steps(split) == [4, 5, 6]
+
+
+def test_async_disk_full_is_still_one_line_and_leaves_no_temporary(
+    data_dir, tmp_path, monkeypatch, capfd, async_managers):
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler as json_handler
+  original = json_handler.JsonCheckpointHandler._save_fn
+  calls = []
+
+  async def fill_the_disk(self, item, directory):
+    calls.append(directory)
+    if len(calls) > 2:  # the first checkpoint (two JSON items) is written, the second is not
+      raise OSError(errno.ENOSPC, 'No space left on device')
+    return await original(self, item, directory)
+
+  monkeypatch.setattr(json_handler.JsonCheckpointHandler, '_save_fn', fill_the_disk)
+  workdir = str(tmp_path / 'run')
+  capfd.readouterr()
+  with pytest.raises(checkpointing.CheckpointError) as failure:
+    # Step 4's write fails in the background (orbax's writer threads); the save of step 6
+    # reports it.
+    trainer.train_and_evaluate(tiny_train_config(data_dir, async_checkpoints='on',
+                                                 total_steps=6), workdir)
+  assert async_managers == [True]
+  message = str(failure.value)
+  assert (f'no space left on the device of {workdir} while saving the checkpoint of step 4 '
+          in message and 'MiB free' in message)
+  assert '\n' not in message and 'Traceback' not in capfd.readouterr().err
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2']  # no *-tmp-* left
+
+
+def test_async_checkpoints_setting_is_validated(data_dir):
+  with pytest.raises(ValueError, match=r"config.async_checkpoints: got 'yes', allowed"):
+    config_lib.validate(tiny_train_config(data_dir, async_checkpoints='yes'))
+  assert not checkpointing.use_async('auto')  # this backend is a CPU
+  assert checkpointing.use_async('auto', 'gpu') and checkpointing.use_async('auto', 'tpu')
+  assert not checkpointing.use_async('auto', 'cpu')
+  assert checkpointing.use_async('on') and not checkpointing.use_async('off')

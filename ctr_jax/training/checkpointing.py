@@ -7,9 +7,15 @@ Safety (docs/reliability.md): a non-finite state is never saved (`health_*`: the
 loss or gradient norm was NaN/Inf, kept on device and read only before a save or at a log step);
 a full disk ends as one line and leaves no temporary checkpoint; a damaged checkpoint is moved
 aside and the run resumes from the newest complete older one (unless `config.strict_resume`).
+
+Saves are asynchronous on GPUs and TPUs (`config.async_checkpoints`, `use_async`): `save` returns
+once the arrays are copied to host memory and the files are written while training goes on; the
+next `save` or `finish` waits for them and reports a failed write (a full disk) as a synchronous
+save would.
 """
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -41,22 +47,56 @@ def _checkpoints_dir(workdir) -> epath.Path:
   return workdir_lib.resolve(workdir) / 'checkpoints'
 
 
-def manager(workdir, max_to_keep: int = 3) -> ocp.CheckpointManager:
+ASYNC_SETTINGS = ('auto', 'on', 'off')
+
+
+def use_async(setting: str, platform: str | None = None) -> bool:
+  """`config.async_checkpoints` on devices of `platform` (default: JAX's default backend): 'auto'
+  saves asynchronously off CPU (where device-to-host copies are cheap next to the file writes a
+  step can hide) and synchronously on CPU; 'on' / 'off'."""
+  if setting not in ASYNC_SETTINGS:
+    raise ValueError(f'config.async_checkpoints: got {setting!r}, allowed {list(ASYNC_SETTINGS)}')
+  return setting == 'on' or (setting == 'auto' and
+                             (platform or jax.default_backend()) != 'cpu')
+
+
+def manager(workdir, max_to_keep: int = 3, async_save: bool = False) -> ocp.CheckpointManager:
+  if async_save:  # a write fails in the background, between our calls: keep its logs quiet too
+    _install_background_filter()
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                         enable_async_checkpointing=False)
+                                         enable_async_checkpointing=async_save)
   return ocp.CheckpointManager(_checkpoints_dir(workdir), options=options,
                                item_names=('state', 'data_iter', 'meta'))
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, data_iter_state, meta: dict) -> None:
-  quiet = _DropDiskFullLogs()  # orbax logs each failing writer thread's traceback: we report once
-  logging.getLogger('absl').addFilter(quiet)
-  try:
+def save(mngr: ocp.CheckpointManager, step: int, state, data_iter_state, meta: dict, *,
+         wait: bool = True) -> None:
+  """Saves checkpoint `step`. An async manager (`manager(async_save=True)`) with `wait=False`
+  returns once the arrays are on the host; the write goes on, and the next `save` or `finish`
+  waits for it. The previous write's failure is reported here, under its own step."""
+  finish(mngr)
+  with _disk_full_is_one_line(mngr, step):
     mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data_iter=ocp.args.JsonSave(data_iter_state or {}),
         meta=ocp.args.JsonSave(meta)), force=True)
+    if wait:
+      mngr.wait_until_finished()
+
+
+def finish(mngr: ocp.CheckpointManager) -> None:
+  """Waits for a checkpoint write in flight (async saves); a full disk is reported as `save`
+  reports it. A no-op for synchronous managers."""
+  with _disk_full_is_one_line(mngr, mngr.latest_step()):
     mngr.wait_until_finished()
+
+
+@contextlib.contextmanager
+def _disk_full_is_one_line(mngr: ocp.CheckpointManager, step):
+  quiet = _DropDiskFullLogs()  # orbax logs each failing writer thread's traceback: we report once
+  logging.getLogger('absl').addFilter(quiet)
+  try:
+    yield
   except Exception as e:  # pylint: disable=broad-except
     if not _is_disk_full(e):
       raise
@@ -77,7 +117,20 @@ class _DropDiskFullLogs(logging.Filter):
   active = False
 
   def filter(self, record):
-    return not (self.active or 'No space left on device' in record.getMessage())
+    error = record.exc_info[1] if record.exc_info else None
+    return not (self.active or 'No space left on device' in record.getMessage()
+                or (error is not None and _is_disk_full(error)))
+
+
+_BACKGROUND_FILTER = []
+
+
+def _install_background_filter() -> None:
+  """Drops absl log records about a full disk for the whole process (a background write's
+  failure is reported once, as a CheckpointError, by the next `save` or `finish`)."""
+  if not _BACKGROUND_FILTER:
+    _BACKGROUND_FILTER.append(_DropDiskFullLogs())
+    logging.getLogger('absl').addFilter(_BACKGROUND_FILTER[0])
 
 
 def _join_orbax_threads(timeout: float = 60.0) -> None:
