@@ -72,7 +72,7 @@ def get_base() -> ml_collections.ConfigDict:
   c.optim.eps = 1e-8
   c.optim.grad_clip = 1.0        # global-norm clipping; 0 = off
 
-  c.log_every = 100             # metrics.jsonl rows: losses, tokens/s (per device too), MFU
+  c.log_every = 100              # metrics.jsonl rows: losses, tokens/s (per device too), MFU
   c.profile_steps = ''           # a jax.profiler trace in <workdir>/tensorboard: '' off, 'N' N
                                  # steps after the first (which compiles), 'A,B' steps A+1..B
   c.eval_every = 5000            # the author's evaluation interval
@@ -80,7 +80,8 @@ def get_base() -> ml_collections.ConfigDict:
   c.eval_sequential = True       # also evaluate a context-ready model with the exact scan
   c.checkpoint_every = 5000
   c.keep_checkpoints = 3           # newest checkpoints kept (>= 1)
-  c.async_checkpoints = 'auto'   # orbax's async save: 'auto' (on GPU/TPU, off on CPU) | 'on' | 'off'
+  c.async_checkpoints = 'auto'   # orbax's async save: 'auto' (GPU/TPU: on, CPU: off) | 'on' |
+                                 # 'off' (docs/reliability.md)
   c.strict_resume = False        # False: a damaged newest checkpoint is moved aside with a warning
                                  # and the run resumes from the newest complete older one;
                                  # True: refuse (docs/reliability.md)

@@ -13,6 +13,7 @@ docs/reliability.md (ctr_jax/training/workdir.py and ctr_jax/training/checkpoint
 
 import contextlib
 import dataclasses
+import functools
 import json
 import time
 
@@ -223,6 +224,7 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
   progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
   throughput = metrics.Throughput(tokens_per_step, mesh.size, _peak_flops(
       model_config.dtype, mesh.size) if is_chief and config.job == 'train' else None)
+  flops_per_step = functools.cache(functools.partial(metrics.flops_per_step, config))
   profiler = metrics.Profiler(workdir, metrics.profile_range(config.get('profile_steps', ''), step),
                               active=is_chief)
   health = checkpointing.health_init(repl)  # first step with a NaN/Inf loss or gradient norm
@@ -237,7 +239,7 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
       with program.context():  # one jitted step per K value (random depth draws K per batch)
         state, step_metrics = program.step(k)(state, batch)
       step += 1
-      throughput.step(metrics.flops_per_step(config, k))
+      throughput.step(flops_per_step(k))
       profiler.after_step(step, step_metrics)
       window.append(step_metrics)
       health = checkpointing.health_update(health, step, step_metrics['loss'],
