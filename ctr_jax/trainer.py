@@ -220,10 +220,11 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
   # ----------------------------------------------------------------------------------------------
   # Train loop.
   # ----------------------------------------------------------------------------------------------
-  tokens_per_step = config.batch_size * config.data.seq_len
   progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
-  throughput = metrics.Throughput(tokens_per_step, mesh.size, _peak_flops(
-      model_config.dtype, mesh.size) if is_chief and config.job == 'train' else None)
+  # Tokens/s (per device too) and MFU: model FLOPs over the mesh's peak in the compute dtype.
+  peak = (peaks.mesh_peak_flops(mesh, model_config.dtype)
+          if is_chief and config.job == 'train' else None)
+  throughput = metrics.Throughput(config.batch_size * config.data.seq_len, mesh.size, peak)
   flops_per_step = functools.cache(functools.partial(metrics.flops_per_step, config))
   profiler = metrics.Profiler(workdir, metrics.profile_range(config.get('profile_steps', ''), step),
                               active=is_chief)
@@ -382,16 +383,6 @@ def _total_seconds(earlier_seconds: float | None, run_start: float) -> float | N
   if earlier_seconds is None:
     return None
   return earlier_seconds + time.perf_counter() - run_start
-
-
-def _peak_flops(dtype: str, devices: int) -> float:
-  """The peak FLOP/s of the devices a step runs on, in the compute dtype the precision resolved
-  (the MFU denominator): one device's from the vendor table or a matmul rate measured once per
-  machine and cached (ctr_jax/reporting/peaks.py), times the devices. CPU devices of one process
-  share its cores, whose measured rate is the peak of them all."""
-  device = jax.local_devices()[0]
-  one = peaks.peak_flops(device, str(dtype))[0]
-  return one * (jax.process_count() if device.platform == 'cpu' else devices)
 
 
 def _progress_fields(loss: float, speed: dict) -> dict:

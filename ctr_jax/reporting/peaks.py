@@ -3,7 +3,8 @@ GPUs and TPUs, otherwise (a CPU, an unlisted accelerator) a matmul rate measured
 machine and cached in `~/.cache/ctr_jax/peak.json` (`$CTR_JAX_CACHE` moves the directory).
 `$CTR_JAX_PEAK_FLOPS` (FLOP/s of one device) overrides both.
 
-MFU = model FLOPs per step / (step seconds x devices x `peak_flops(device, dtype)`).
+MFU = model FLOPs per step / (step seconds x `mesh_peak_flops(mesh, dtype)`: devices x
+`peak_flops(device, dtype)`).
 """
 
 import json
@@ -119,3 +120,12 @@ def peak_flops(device, dtype: str) -> tuple[float, str]:
     if value is not None:
       return value, 'table'
   return measured_peak(device, dtype), 'measured'
+
+
+def mesh_peak_flops(mesh: jax.sharding.Mesh, dtype) -> float:
+  """The peak FLOP/s of all the devices of `mesh` in `dtype` (a training run's MFU denominator):
+  `peak_flops` of this process's first device in it times the devices. CPU devices of one
+  process share its cores, whose measured rate is the peak of them all: one per process."""
+  device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+  one = peak_flops(device, str(dtype))[0]
+  return one * (jax.process_count() if device.platform == 'cpu' else mesh.size)
