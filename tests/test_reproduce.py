@@ -20,17 +20,42 @@ def _record(group, seed, ppl):
   return {'group': group, 'seed': seed, 'final': {'val_ppl': ppl}}
 
 
-def test_compare_is_paired_by_seed_and_needs_two_sigma():
+def test_compare_is_paired_by_seed_with_a_95_percent_t_interval():
   a = [_record('a', s, p) for s, p in enumerate([10.0, 11.0, 12.0])]
   b = [_record('b', s, p) for s, p in enumerate([11.0, 12.1, 12.9])]  # deltas -1, -1.1, -0.9
   c = repro_lib.compare(a, b, repro_lib.final_ppl)
   assert c['verdict'] == 'holds' and c['n'] == 3
   assert c['delta_mean'] == pytest.approx(-1.0) and c['delta_std'] == pytest.approx(0.1)
+  # t(0.975, 2 dof) = 4.3027: half-width 4.3027 x 0.1 / sqrt(3) = 0.2484.
+  assert c['ci'] == pytest.approx((-1.2484, -0.7516), abs=1e-4)
+  assert repro_lib.ci_text(c) == '-1.00 [-1.25, -0.75] (95% CI, 3 seeds)'
   assert repro_lib.compare(b, a, repro_lib.final_ppl)['verdict'] == 'does not hold'
   noisy = [_record('b', s, p) for s, p in enumerate([12.0, 10.5, 13.0])]  # deltas -2, .5, -1
   assert repro_lib.compare(a, noisy, repro_lib.final_ppl)['verdict'] == 'inconclusive'
+  # Two sigma is not enough with 3 seeds: mean -1, std 0.45 (|mean| > 2 std, yet t = 3.85 < 4.30).
+  wide = [_record('b', s, p) for s, p in enumerate([11.45, 12.0, 12.55])]  # -1.45, -1, -.55
+  c = repro_lib.compare(a, wide, repro_lib.final_ppl)
+  assert abs(c['delta_mean']) > 2 * c['delta_std'] and c['verdict'] == 'inconclusive'
   assert repro_lib.compare(a[:1], b[:1], repro_lib.final_ppl)['verdict'] == 'inconclusive'
+  assert repro_lib.ci_text(repro_lib.compare(a[:1], b[:1], repro_lib.final_ppl)) == (
+      '-1.00 (one seed)')
   assert math.isnan(repro_lib.mean_std([3.0])[1])
+
+
+def test_a_matches_claim_needs_the_interval_inside_the_margin():
+  base = [_record('b', s, p) for s, p in enumerate([30.0, 31.0, 32.0])]  # margin +-0.31
+  close = [_record('a', s, p) for s, p in enumerate([30.05, 31.02, 32.04])]
+  assert repro_lib.compare(close, base, repro_lib.final_ppl)['equivalence'] == 'matches'
+  # No measurable difference, but too noisy to say "the same": inconclusive, not "matches".
+  noisy = [_record('a', s, p) for s, p in enumerate([29.5, 31.6, 32.0])]
+  c = repro_lib.compare(noisy, base, repro_lib.final_ppl)
+  assert c['verdict'] == 'inconclusive' and c['equivalence'] == 'inconclusive'
+  far = [_record('a', s, p) for s, p in enumerate([31.0, 32.1, 32.9])]
+  assert repro_lib.compare(far, base, repro_lib.final_ppl)['equivalence'] == 'differs'
+  assert repro_lib.compare(close[:1], base[:1], repro_lib.final_ppl)['equivalence'] == (
+      'inconclusive')
+  assert repro_lib.compare(close, base, repro_lib.final_ppl, margin=0.0)['equivalence'] != (
+      'matches')
 
 
 def test_table1_models_are_flop_matched_at_the_cpu_scale():

@@ -24,6 +24,7 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
+from scipy import stats
 
 from ctr_jax import models
 from ctr_jax.data import pipeline
@@ -297,24 +298,57 @@ def fmt(mean: float, std: float, digits: int = 2) -> str:
   return f'{mean:.{digits}f}' if math.isnan(std) else f'{mean:.{digits}f} ± {std:.{digits}f}'
 
 
-def compare(a: list[dict], b: list[dict], value) -> dict:
-  """Is `value` lower for runs `a` than for runs `b`? Paired by seed (same data order).
+# A "matches" claim holds when the 95% interval of the paired PPL difference lies within this
+# share of the reference's PPL, stated before the runs (issue 42): +-1%.
+EQUIVALENCE_MARGIN = 0.01
 
-  'holds' when the mean paired difference is below zero by more than two standard deviations
-  of the per-seed differences; 'does not hold' when it is above zero by as much; otherwise
-  'inconclusive' (always so with a single seed).
+
+def interval(deltas) -> tuple[float, float]:
+  """The 95% confidence interval of the mean of paired differences (Student's t over seeds);
+  (nan, nan) for fewer than two."""
+  deltas = np.asarray(list(deltas), float)
+  if len(deltas) < 2:
+    return math.nan, math.nan
+  half = float(stats.t.ppf(0.975, len(deltas) - 1)) * float(np.std(deltas, ddof=1)) / math.sqrt(
+      len(deltas))
+  return float(np.mean(deltas)) - half, float(np.mean(deltas)) + half
+
+
+def compare(a: list[dict], b: list[dict], value, margin: float = EQUIVALENCE_MARGIN) -> dict:
+  """`value` of runs `a` against runs `b`, paired by seed (same data order).
+
+  `verdict` (is a lower?): 'holds' when the 95% interval of the mean paired difference lies below
+  zero, 'does not hold' when it lies above, otherwise 'inconclusive' (always so with one seed).
+  `equivalence` (does a match b?): 'matches' when the interval lies within +-`margin` x b's mean,
+  'differs' when it lies wholly outside, otherwise 'inconclusive'.
   """
   seeds = sorted({r['seed'] for r in a} & {r['seed'] for r in b})
   va = {r['seed']: value(r) for r in a}
   vb = {r['seed']: value(r) for r in b}
   deltas = [va[s] - vb[s] for s in seeds]
   if not deltas:
-    return {'verdict': 'inconclusive', 'n': 0, 'delta_mean': math.nan, 'delta_std': math.nan}
+    return {'verdict': 'inconclusive', 'equivalence': 'inconclusive', 'n': 0,
+            'delta_mean': math.nan, 'delta_std': math.nan, 'ci': (math.nan, math.nan),
+            'margin': math.nan}
   mean, std = mean_std(deltas)
-  verdict = 'inconclusive'
-  if len(deltas) > 1 and abs(mean) > 2 * std:
-    verdict = 'holds' if mean < 0 else 'does not hold'
-  return {'verdict': verdict, 'n': len(deltas), 'delta_mean': mean, 'delta_std': std}
+  low, high = interval(deltas)
+  bound = margin * float(np.mean([vb[s] for s in seeds]))
+  verdict = equivalence = 'inconclusive'
+  if len(deltas) > 1:
+    verdict = 'holds' if high < 0 else 'does not hold' if low > 0 else 'inconclusive'
+    equivalence = ('matches' if -bound <= low and high <= bound else
+                   'differs' if high < -bound or low > bound else 'inconclusive')
+  return {'verdict': verdict, 'equivalence': equivalence, 'n': len(deltas), 'delta_mean': mean,
+          'delta_std': std, 'ci': (low, high), 'margin': bound}
+
+
+def ci_text(c: dict, digits: int = 2) -> str:
+  """'-4.66 [-5.16, -4.16] (95% CI, 3 seeds)', or the one value of a single seed."""
+  if c['n'] < 2:
+    return f"{c['delta_mean']:+.{digits}f} (one seed)"
+  low, high = c['ci']
+  return (f"{c['delta_mean']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}] "
+          f"(95% CI, {c['n']} seeds)")
 
 
 def final_ppl(r: dict) -> float:

@@ -21,7 +21,7 @@ from ctr_jax import models
 from ctr_jax.models import flop_match
 from ctr_jax.projects import paths
 from ctr_jax.projects.reproduce import lib as repro_lib
-from ctr_jax.projects.reproduce.lib import Run, compare, fmt, mean_std
+from ctr_jax.projects.reproduce.lib import Run, ci_text, compare, fmt, mean_std
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +289,7 @@ def table1_report(records, scale, figure):
                                                         for r in groups[g]]))
       for g in sorted(crts):
         c = compare(groups[g], groups[best_t], repro_lib.final_ppl)
-        delta = fmt(c['delta_mean'], c['delta_std'])
+        delta = ci_text(c)
         step = crossover_step(groups[g], groups[best_t])
         first = min(e['step'] for r in groups[g] for e in r['evals'])
         cross = ('never below it' if step is None else
@@ -305,13 +305,12 @@ def table1_report(records, scale, figure):
       if m['kind'] == 'context_ready':
         c = compare(groups[m['group']], groups[crt1], repro_lib.final_ppl)
         verdicts.append(f"{m['group']} ({m['training_flop_ratio']:.2f}x the training FLOPs) vs "
-                        f"{crt1}: ΔPPL {fmt(c['delta_mean'], c['delta_std'])} over {c['n']} "
-                        f"seed(s) ({outcome_words(c, 'truncated')})")
+                        f"{crt1}: ΔPPL {ci_text(c)} ({outcome_words(c, 'truncated')}; within "
+                        f"±{100 * repro_lib.EQUIVALENCE_MARGIN:g}%: **{c['equivalence']}**)")
         continue
       c = compare(groups[crt1], groups[m['group']], repro_lib.final_ppl)
       verdicts.append(f"{crt1} vs {m['group']} (matched in {m['matching']}): ΔPPL "
-                      f"{fmt(c['delta_mean'], c['delta_std'])} over {c['n']} seed(s): "
-                      f"**{c['verdict']}**")
+                      f"{ci_text(c)}: **{c['verdict']}**")
   if figure:
     _plot_curves(records, scale, figure)
     lines.append(f'![table1 curves](reproduction/{os.path.basename(figure)})')
@@ -466,7 +465,7 @@ def simple_table(records, baseline: str | None, header: str):
   return lines, verdicts
 
 
-# How a row's value compares with the reference row, by `compare`'s two-sigma rule.
+# How a row's value compares with the reference row, by `compare`'s 95% interval.
 _OUTCOME = {'holds': 'lower', 'does not hold': 'higher', 'inconclusive': 'inconclusive'}
 
 
@@ -489,17 +488,16 @@ def k_min_report(records, scale, figure):
   if {'K=5 k_min=2', 'K=5 fixed', 'K=2 fixed'} <= set(groups):
     same = compare(groups['K=5 k_min=2'], groups['K=5 fixed'], repro_lib.final_ppl)
     floor = compare(groups['K=5 fixed'], groups['K=2 fixed'], repro_lib.final_ppl)
-    # "Same quality" is supported only if the test could tell a real difference apart: the
-    # K = 2 floor must be measurably worse while k_min = 2 vs fixed K = 5 is within noise.
-    if same['verdict'] == 'inconclusive' and floor['verdict'] == 'holds':
-      verdict = 'holds (k_min = 2 within noise of fixed K = 5; fixed K = 2 measurably worse)'
-    elif same['verdict'] != 'inconclusive':
-      verdict = f"does not hold (k_min = 2 vs fixed K = 5: {_OUTCOME[same['verdict']]})"
-    else:
-      verdict = 'inconclusive (the K = 2 floor is not measurably worse either)'
-    verdicts.append(f"k_min = 2 vs fixed K = 5: ΔPPL {fmt(same['delta_mean'], same['delta_std'])}"
-                    f"; fixed K = 5 vs K = 2: {fmt(floor['delta_mean'], floor['delta_std'])}: "
-                    f'**{verdict}**')
+    # "The same quality" is an equivalence claim: it holds only when the 95% interval of the
+    # paired difference lies within the margin stated in advance (repro_lib.EQUIVALENCE_MARGIN).
+    margin = f'±{100 * repro_lib.EQUIVALENCE_MARGIN:g}% of fixed K = 5\'s PPL'
+    verdict = {'matches': f'holds (the interval lies within {margin})',
+               'differs': f'does not hold (the interval lies outside {margin})',
+               'inconclusive': f'inconclusive (the interval crosses {margin})'}[same['equivalence']]
+    if same['n'] < 2:
+      verdict = 'inconclusive (one seed: no interval yet)'
+    verdicts.append(f"k_min = 2 vs fixed K = 5: ΔPPL {ci_text(same)}; fixed K = 5 vs K = 2: "
+                    f"{ci_text(floor)} ({outcome_words(floor)}): **{verdict}**")
   return lines, verdicts
 
 
