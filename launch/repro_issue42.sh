@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 42's table1 runs in the issue's order (docs/reproduction.md): item 1 at ~1M FLOPs/token,
-# the ~1M seeds not run yet, the ~0.25M level (3 seeds of every row), the ~4M level (one seed).
+# the ~1M seeds not run yet, the ~0.25M level (3 seeds of every row), the ~4M level (one seed),
+# the best ~1M pair for 3x the steps.
 #
 #   nohup taskset -c 1 bash launch/repro_issue42.sh > run_item1.log 2>&1 &
 #
@@ -22,6 +23,7 @@ ONLY=(
   '3:~1M D=2' '3:~1M D=3' '3:~1M N=3' '3:~1M N=4' '3:~1M N=6'  # their seeds 1 and 2
   '3:~0.25M'         # the cheap level: every row, compute-matched ones included
   '1:~4M'            # the large level: one seed of every row first
+  '3:3600 steps'     # item 4: the best ~1M CRT and transformer for 3x the steps
 )
 OUTPUTS=(docs/reproduction/table1.json docs/reproduction/table1.png docs/reproduction.md)
 for item in "${ONLY[@]}"; do

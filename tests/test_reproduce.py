@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from ctr_jax.projects.reproduce import lib as repro_lib
 from ctr_jax.projects.reproduce import registry as repro_registry
 from ctr_jax.projects.reproduce import studies as repro_studies
+from ctr_jax.projects.reproduce import table1 as repro_table1
 from ctr_jax.projects.reproduce.lib import Run
 
 
@@ -59,7 +60,7 @@ def test_a_matches_claim_needs_the_interval_inside_the_margin():
 
 
 def test_table1_models_are_flop_matched_at_the_cpu_scale():
-  models = repro_studies.table1_models(repro_studies.SCALES['cpu'])
+  models = repro_table1.table1_models(repro_studies.SCALES['cpu'])
   assert [lv.name for lv in repro_studies.SCALES['cpu'].levels] == ['~0.25M', '~1M', '~4M']
   for level in ('~0.25M', '~1M', '~4M'):
     assert {(m['kind'], m['depth']) for m in models if m['level'] == level} == (
@@ -73,7 +74,7 @@ def test_table1_models_are_flop_matched_at_the_cpu_scale():
 
 
 def test_table1_training_compute_matched_rows_at_1m():
-  rows = {r['group']: r for r in repro_studies.table1_rows(repro_studies.SCALES['cpu'])}
+  rows = {r['group']: r for r in repro_table1.table1_rows(repro_studies.SCALES['cpu'])}
   crt = rows['~1M D=1 C=176']
   assert crt['training_flops_per_token'] == 16_118_784  # tests/test_flop_match.py, by hand
   assert crt['training_flop_ratio'] == 1 and (crt['k_unroll'], crt['k_min']) == (5, 2)
@@ -91,12 +92,13 @@ def test_table1_training_compute_matched_rows_at_1m():
   assert truncated['training_flops_per_token'] == 12_131_328 and truncated['grad_iterations'] == 2
   # Every level has its three training-compute-matched rows, each within 3% of its D = 1 CRT.
   for level in ('~0.25M', '~1M', '~4M'):
-    matched = [r for r in rows.values() if r['level'] == level and r['matching'] != 'inference']
+    matched = [r for r in rows.values() if r['level'] == level
+               and r['matching'] not in ('inference', 'longer training')]
     assert sorted(r['matching'] for r in matched) == [
         'total training FLOPs', 'training FLOPs/token', 'truncated gradients']
     assert all(r['matched'] for r in matched), level
   # Every table1 table has the training-FLOP columns, "not run yet" rows included.
-  lines, _ = repro_studies.table1_report([], repro_studies.SCALES['cpu'], '')
+  lines, _ = repro_table1.table1_report([], repro_studies.SCALES['cpu'], '')
   text = '\n'.join(lines)
   assert text.count('training FLOPs/token (x D=1) | training FLOPs, total (x D=1)') == 3
   assert '| ~1M N=2 C=288 train-matched | transformer, training FLOPs/token matched |' in text
@@ -105,9 +107,35 @@ def test_table1_training_compute_matched_rows_at_1m():
   record = {**_committed(Run('table1', long['group'], 0, long['arg']), 'c'), 'steps': steps,
             'config': {'batch_size': 16, 'total_steps': steps}, 'train_windows': 1000,
             'num_params': 1}
-  lines, _ = repro_studies.table1_report([record], repro_studies.SCALES['cpu'], '')
+  lines, _ = repro_table1.table1_report([record], repro_studies.SCALES['cpu'], '')
   text = '\n'.join(lines)
   assert f'({steps:,} steps, 50.4 epochs)' in text and '50.37 epochs' in text
+
+
+def test_table1_longer_training_rows_and_the_three_sentences():
+  scale = repro_studies.SCALES['cpu']
+  rows = {r['group']: r for r in repro_table1.table1_rows(scale)}
+  longer = [g for g, r in rows.items() if r['matching'] == 'longer training']
+  assert longer == ['~1M D=1 C=176 3600 steps', '~1M N=2 C=160 3600 steps']
+  assert rows[longer[0]]['arg'].startswith('steps=3600,') and rows[longer[0]]['matched']
+  assert rows[longer[1]]['training_flops_total_ratio'] == pytest.approx(
+      3 * rows['~1M N=2 C=160']['training_flops_total_ratio'])
+  empty = repro_table1.three_sentences(repro_table1.gap_summary([], scale))
+  assert len(empty) == 3 and all('not run yet' in s or 'not measured' in s for s in empty)
+
+  def runs(group, ppls):
+    return [{'group': group, 'seed': s, 'final': {'val_ppl': p}, 'evals': []}
+            for s, p in enumerate(ppls)]
+  records = (runs('~1M D=1 C=176', [31.0, 31.2, 30.9]) + runs('~1M N=2 C=160', [35.7, 35.9, 35.5])
+             + runs('~1M N=1 C=208', [39.0, 39.2, 39.3])
+             + runs('~1M N=2 C=288 train-matched', [33.0, 33.1, 32.8]))
+  gaps = repro_table1.gap_summary(records, scale)
+  assert set(gaps) == {'~1M'} and gaps['~1M']['inference']['baseline'] == '~1M N=2 C=160'
+  assert gaps['~1M']['inference']['delta_mean'] == pytest.approx(-4.6667, abs=1e-4)
+  first, second, third = repro_table1.three_sentences(gaps)
+  assert 'vs ~1M N=2 C=160: ΔPPL -4.67 [' in first and first.endswith('lower).')
+  assert 'vs ~1M N=2 C=288 train-matched: ΔPPL -1.93 [' in second
+  assert 'one level only (~1M -4.67)' in third and 'not run yet' in third
 
 
 def test_the_committed_table1_records_still_match_their_runs():
@@ -115,7 +143,7 @@ def test_the_committed_table1_records_still_match_their_runs():
   by committed_record only while the command is the same)."""
   docs = os.path.join(ROOT, 'docs')
   committed = repro_lib.committed_records('table1', docs)
-  runs = {r.name: r for r in repro_studies.table1_runs(repro_studies.SCALES['cpu'], 3)}
+  runs = {r.name: r for r in repro_table1.table1_runs(repro_studies.SCALES['cpu'], 3)}
   root = os.path.join(ROOT, 'workdirs', 'repro')
   assert committed and set(committed) <= set(runs)
   for name, record in committed.items():

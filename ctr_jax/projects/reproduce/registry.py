@@ -8,6 +8,7 @@ import os
 from ctr_jax.projects.reproduce import evaluated as repro_evaluated
 from ctr_jax.projects.reproduce import lib as repro_lib
 from ctr_jax.projects.reproduce import studies as repro_studies
+from ctr_jax.projects.reproduce import table1 as repro_table1
 from ctr_jax.projects.reproduce.studies import SCALES, Scale
 from ctr_jax.reporting import machine
 
@@ -24,7 +25,7 @@ class Study:
 
 STUDIES = {
     'table1': Study('Table 1 at CPU scale: CRT vs FLOP-matched transformers', 'claims 1, 9, 10',
-                    repro_studies.table1_runs, repro_studies.table1_report, figure=True),
+                    repro_table1.table1_runs, repro_table1.table1_report, figure=True),
     'k_min': Study('Random depth (k_min) against fixed K', 'claim 7', repro_studies.k_min_runs,
                    repro_studies.k_min_report),
     'ablations': Study('Correction ablations (reference section 8)', 'section 8',
