@@ -277,7 +277,7 @@ def table1_report(records, scale, figure):
     _plot_curves(records, scale, figure)
     lines.append(f'![table1 curves](reproduction/{os.path.basename(figure)})')
     gap_figure = figure.replace('.png', '_gap.png')
-    _plot_gaps(gaps, gap_figure)
+    _plot_gaps(gaps, scale, gap_figure)
     lines += ['', f'![table1 gap](reproduction/{os.path.basename(gap_figure)})']
   return lines, verdicts
 
@@ -351,7 +351,7 @@ def three_sentences(gaps: dict) -> list[str]:
   return [first, second, third]
 
 
-def _plot_gaps(gaps: dict, path: str) -> None:
+def _plot_gaps(gaps: dict, scale: Scale, path: str) -> None:
   """The D = 1 CRT's PPL gap against FLOPs per token, one series per kind of matching, with
   95% intervals (a point without a bar: one seed)."""
   matplotlib.use('Agg')
@@ -370,6 +370,11 @@ def _plot_gaps(gaps: dict, path: str) -> None:
     ax.errorbar(x, y, yerr=err, fmt=marker + '-', capsize=3, label=f'matched in {matching}')
   ax.axhline(0, color='gray', lw=0.8)
   ax.set_xscale('log')
+  # Every level of the scale on the axis, run or not, named as in the tables.
+  targets = [lv.flops_per_token for lv in scale.levels]
+  ax.set_xlim(min(targets) / 1.6, max(targets) * 1.6)
+  ax.set_xticks(targets, [f'{lv.name}\n{lv.flops_per_token:,}' for lv in scale.levels])
+  ax.minorticks_off()
   ax.set_xlabel('inference FLOPs per token (level)')
   ax.set_ylabel('PPL gap, D = 1 CRT minus baseline')
   ax.set_title('the CRT\'s gap with 95% intervals over seeds')
