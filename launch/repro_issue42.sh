@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Issue 42's table1 runs in the issue's order (docs/reproduction.md): item 1 at ~1M FLOPs/token,
+# Issue 42's runs in the issue's order (docs/reproduction.md): table1's item 1 at ~1M FLOPs/token,
 # the ~1M seeds not run yet, the ~0.25M level (3 seeds of every row), the ~4M level (one seed),
-# the best ~1M pair for 3x the steps.
+# the best ~1M pair for 3x the steps; then 3 seeds of the other studies.
 #
 #   nohup taskset -c 1 bash launch/repro_issue42.sh > run_item1.log 2>&1 &
 #
-# One call of python -m ctr_jax.projects.reproduce per group (--only matches group names by
-# substring), in this order, each training that group's missing seeds (SEEDS:group, --seeds=SEEDS);
-# after each call the study's json,
-# figure and section of docs/reproduction.md are committed (COMMIT=0: not committed). Resumable:
+# One call of python -m ctr_jax.projects.reproduce per entry, in this order, each training the
+# missing seeds of the groups whose name contains GROUP (SEEDS:GROUP for table1,
+# SEEDS:GROUP@STUDY for another study; an empty GROUP is every group); after each call the
+# study's json, figures and section of docs/reproduction.md are committed (COMMIT=0: not). Resumable:
 # run it again; finished runs are skipped (a finished workdir, or their record in the committed
 # docs/reproduction/table1.json), an interrupted run resumes from its latest checkpoint.
 set -u
+shopt -s nullglob  # a study without figures has no png to commit
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 COMMIT=${COMMIT:-1}
@@ -24,15 +25,19 @@ ONLY=(
   '3:~0.25M'         # the cheap level: every row, compute-matched ones included
   '1:~4M'            # the large level: one seed of every row first
   '3:3600 steps'     # item 4: the best ~1M CRT and transformer for 3x the steps
+  '3:@k_min' '3:@seq_vs_parallel' '3:@k_eval' '3:@conversion'  # item 3: their seeds 1 and 2
+  '3:width @width'   # the width pairs (not its context-length runs)
 )
-OUTPUTS=(docs/reproduction/table1.json docs/reproduction/table1.png docs/reproduction.md)
 for item in "${ONLY[@]}"; do
-  seeds=${item%%:*} only=${item#*:}
-  echo "=== $(date -u +%FT%TZ) python -m ctr_jax.projects.reproduce --study=table1 --seeds=$seeds --only='$only'"
-  "$PYTHON" -m ctr_jax.projects.reproduce --study=table1 --seeds="$seeds" --only="$only"
+  seeds=${item%%:*} only=${item#*:} study=table1
+  if [[ $only == *@* ]]; then study=${only#*@} only=${only%@*}; fi
+  OUTPUTS=(docs/reproduction/$study.json docs/reproduction/$study*.png docs/reproduction.md)
+  echo "=== $(date -u +%FT%TZ) python -m ctr_jax.projects.reproduce --study=$study --seeds=$seeds --only='$only'"
+  "$PYTHON" -m ctr_jax.projects.reproduce --study="$study" --seeds="$seeds" ${only:+--only="$only"}
   echo "=== $(date -u +%FT%TZ) exit code $?"
   if [ "$COMMIT" = 1 ] && ! git diff --quiet -- "${OUTPUTS[@]}"; then
-    git commit -q -m "table1: the runs of group '$only' (launch/repro_issue42.sh; numbers in docs/reproduction/table1.json)" -- "${OUTPUTS[@]}"
+    git add -- "${OUTPUTS[@]}"
+    git commit -q -m "$study: the runs of group '${only:-all}' (launch/repro_issue42.sh; numbers in docs/reproduction/$study.json)" -- "${OUTPUTS[@]}"
   fi
 done
 echo "=== $(date -u +%FT%TZ) done"
