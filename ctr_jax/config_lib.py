@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from ctr_jax import models, tasks
-from ctr_jax.training import checkpointing, compat, metrics, optim, sharding, train_step
+from ctr_jax.training import checkpointing, compat, metrics, optim, preemption, sharding, train_step
 
 JOBS = ('train', 'evaluate', 'generate', 'prepare', 'compile')
 PRECISIONS = ('auto', 'float32', 'bfloat16')
@@ -108,6 +108,8 @@ def get_base() -> ml_collections.ConfigDict:
   c.distributed.coordinator_address = ''  # e.g. '10.0.0.1:1234' to initialise explicitly
   c.distributed.num_processes = -1  # -1: from the detected cluster; >= 1 overrides it
   c.distributed.process_id = -1     # -1: from the detected cluster; >= 0 overrides it
+  c.distributed.peer_timeout_seconds = 60  # a process silent this long is lost: the others end
+                                           # with one line, status 3 (training/preemption.py)
   return c
 
 
@@ -226,6 +228,7 @@ def validate(config, devices=None) -> None:
          f'{dist.process_id!r}')
   metrics.profile_range(config.get('profile_steps', ''), 0)  # raises naming the field
   checkpointing.use_async(config.get('async_checkpoints', 'auto'))  # the same
+  preemption.peer_timeout(dist)  # its own one-line error: maybe_initialize checks it first
 
 
 def _validate_sample(sample, model) -> None:

@@ -12,7 +12,7 @@ import jax
 from ml_collections import config_flags
 
 from ctr_jax import config_lib, trainer
-from ctr_jax.training import distributed
+from ctr_jax.training import distributed, preemption
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and summaries.')
@@ -27,7 +27,9 @@ def main(argv):
   if not any(a.startswith(('--verbosity', '-v')) for a in sys.argv[1:]):
     logging.set_verbosity(logging.WARNING)  # library INFO logs (orbax, grain) drown the progress bar
   try:
-    distributed.maybe_initialize(FLAGS.config.distributed, FLAGS.config.job)
+    if distributed.maybe_initialize(FLAGS.config.distributed, FLAGS.config.job):
+      # A lost process ends the others in one line within a bound (training/preemption.py).
+      preemption.watch_peers(FLAGS.config.distributed, FLAGS.workdir)
     logging.info('JAX process %d/%d, devices: %s', jax.process_index(), jax.process_count(),
                  jax.devices())
     summary = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
@@ -36,6 +38,7 @@ def main(argv):
       # so that `a && b` and shell loops stop too. SIGTERM (preemption) ends with 0.
       sys.exit(130)
   except (ValueError, OSError, RuntimeError) as e:
+    preemption.settle()  # a lost process, not the collective that failed with it, is the error
     # One line, no traceback (CTR_JAX_TRACEBACK=1 shows it). Exit 2: the input (config, flags,
     # workdir) is wrong; 3: the run failed (NaN, damaged checkpoint, disk full, I/O error).
     if os.environ.get('CTR_JAX_TRACEBACK'):
@@ -43,6 +46,8 @@ def main(argv):
     print(f'ctr_jax: error: {" ".join(str(e).split())}', file=sys.stderr)
     user_error = isinstance(e, (ValueError, FileNotFoundError, PermissionError))
     sys.exit(2 if user_error else 3)
+  finally:
+    preemption.stop_watching()
 
 
 def parse_flags(argv):

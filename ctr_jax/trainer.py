@@ -30,6 +30,7 @@ from ctr_jax.training import (
   init_from,
   metrics,
   optim,
+  preemption,
   resume,
   sharding,
   signals,
@@ -88,7 +89,8 @@ def train_and_evaluate(config, workdir: str, devices=None) -> dict:
   """
   # Before anything touches the workdir, with the devices the mesh will use.
   config_lib.validate(config, devices if devices is not None else jax.devices())
-  stop, run = signals.Signals(), None
+  # Several processes: JAX's own SIGTERM handler tells them all (ctr_jax/training/preemption.py).
+  stop, run = signals.Signals(forward_to_jax=preemption.synchronised()), None
   try:
     with stop:
       run = workdir_lib.Run(workdir, active=jax.process_index() == 0)
@@ -220,6 +222,8 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
   # ----------------------------------------------------------------------------------------------
   # Train loop.
   # ----------------------------------------------------------------------------------------------
+  # A signal stops every process after the same step (ctr_jax/training/preemption.py).
+  stopper = preemption.Stopper(stop, active=config.job == 'train')
   progress = _progress_bar(is_chief and config.job == 'train', step, config.total_steps)
   # Tokens/s (per device too) and MFU: model FLOPs over the mesh's peak in the compute dtype.
   peak = (peaks.mesh_peak_flops(mesh, model_config.dtype)
@@ -271,7 +275,7 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
         _report(is_chief, step, evaluation, progress)
         done_early = task.stop_early(evaluation)
         throughput.exclude(time.perf_counter() - eval_start)  # not training throughput
-      stopping = stop.received is not None or step == config.exit_at_step
+      stopping = stopper.after_step() or step == config.exit_at_step  # after_step: every step
       if (stopping or done_early or step % config.checkpoint_every == 0
           or step == config.total_steps):
         checkpointing.check_health(health, last_saved, workdir)  # never save a NaN state
@@ -282,11 +286,12 @@ def _train_and_evaluate(config, workdir: str, devices, run, stop: signals.Signal
         run.saved, last_saved = True, step
       if stopping:
         if is_chief:
-          reason = signals.name(stop.received) if stop.received else 'config.exit_at_step'
+          reason = (signals.name(stop.received) if stop.received else
+                    'SIGTERM' if stopper.signalled else 'config.exit_at_step')
           print(f'ctr_jax: saved step {step} and stopped ({reason}); rerun to resume', flush=True)
         summary.update(step=step, interrupted=True)
-        if stop.received:
-          summary['signal'] = signals.name(stop.received)
+        if stop.received or stopper.signalled:
+          summary['signal'] = signals.name(stop.received) if stop.received else 'SIGTERM'
         return summary
       if done_early:
         # The task says it is done (e.g. pointer chasing's stop_accuracy): the final

@@ -54,8 +54,10 @@ def test_slurm_with_several_tasks_initialises_through_jax_detection(monkeypatch,
   _slurm(monkeypatch, ntasks=16, procid=3)
   assert distributed.detect() == distributed.Cluster('slurm', 16)
   assert distributed.maybe_initialize(_dist()) is True
+  # JAX's heartbeat comes after ctr_jax's own bound on a lost process (training/preemption.py).
   assert plain_machine == [{'coordinator_address': None, 'num_processes': None,
-                            'process_id': None, 'cluster_detection_method': 'slurm'}]
+                            'process_id': None, 'cluster_detection_method': 'slurm',
+                            'heartbeat_timeout_seconds': 180}]
   # JAX itself fills in what we left unset from the same variables.
   from_jax = jax._src.clusters.ClusterEnv.auto_detect_unset_distributed_params(
       None, None, None, None, 'slurm', 10)
@@ -126,7 +128,8 @@ def test_gce_tpu_vm_pod_is_detected_through_the_metadata_server(monkeypatch, pla
   assert 'agent-worker-number' in asked
   if initialised:
     assert plain_machine == [{'coordinator_address': None, 'num_processes': None,
-                              'process_id': None, 'cluster_detection_method': 'gcetpu'}]
+                              'process_id': None, 'cluster_detection_method': 'gcetpu',
+                              'heartbeat_timeout_seconds': 180}]
   else:
     assert plain_machine == []  # a single-host TPU VM
 

@@ -60,13 +60,27 @@ def use_async(setting: str, platform: str | None = None) -> bool:
                              (platform or jax.default_backend()) != 'cpu')
 
 
+class _Manager(ocp.CheckpointManager):
+  """orbax's manager, less its own question to JAX's preemption sync point.
+
+  orbax asks `reached_preemption_sync_point(step)` with the global step during every save (for
+  its logs and statistics); JAX keeps the last count it was given, and the train loop counts this
+  run's steps instead (ctr_jax/training/preemption.py says why): orbax's count would move the
+  step at which the processes agree to stop.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 def manager(workdir, max_to_keep: int = 3, async_save: bool = False) -> ocp.CheckpointManager:
   if async_save:  # a write fails in the background, between our calls: keep its logs quiet too
     _install_background_filter()
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          enable_async_checkpointing=async_save)
-  return ocp.CheckpointManager(_checkpoints_dir(workdir), options=options,
-                               item_names=('state', 'data_iter', 'meta'))
+  return _Manager(_checkpoints_dir(workdir), options=options,
+                  item_names=('state', 'data_iter', 'meta'))
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_iter_state, meta: dict, *,
@@ -174,6 +188,23 @@ def steps(workdir) -> list[int]:
   if not path.exists():
     return []
   return sorted(int(d.name) for d in path.iterdir() if d.name.isdigit())
+
+
+def latest_finished_step(workdir) -> int | None:
+  """The newest checkpoint that orbax finished and that has its metadata, or None.
+
+  orbax writes a checkpoint under a temporary name (`N.orbax-checkpoint-tmp`) and renames it to
+  `N` once every process has written its part; on object stores, which cannot rename, it writes
+  into `N` and adds `commit_success.txt` last. A save cut short by a lost process is never listed
+  here, and `restore_latest` skips it too. Plain listing, no orbax helper: this also runs from a
+  watchdog thread while the interpreter may be shutting down (no new thread pools then).
+  """
+  path = _checkpoints_dir(workdir)
+  local = workdir_lib.is_local(path)
+  finished = [s for s in steps(workdir)  # names of digits only: not the temporary ones
+              if (path / str(s) / 'meta' / 'metadata').exists()
+              and (local or (path / str(s) / 'commit_success.txt').exists())]
+  return max(finished, default=None)
 
 
 def read_meta(workdir) -> dict | None:

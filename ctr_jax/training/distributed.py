@@ -22,6 +22,8 @@ import dataclasses
 import jax
 from jax._src import clusters as jax_clusters
 
+from ctr_jax.training import preemption
+
 # JAX's cluster environments (`ClusterEnv.name`) that `auto` uses, in JAX's own order of detection.
 AUTO_CLUSTERS = ('ompi', 'slurm', 'gketpu', 'gcetpu')
 
@@ -99,9 +101,12 @@ def maybe_initialize(dist_config, job: str = 'train') -> bool:
   kwargs = plan(dist_config, job)
   if kwargs is None:
     return False
+  # Longer than the bound in which ctr_jax's own watch ends a run that lost a process, so that
+  # JAX's abort (a long log) never comes first (ctr_jax/training/preemption.py).
+  heartbeat = preemption.heartbeat_seconds(dist_config)
   if jax.config.jax_platforms in (None, '', 'cpu'):
     # CPU processes exchange collectives over gloo (TCP); GPUs/TPUs use their own transport and
     # ignore this setting.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(**kwargs)
+  jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=heartbeat)
   return True

@@ -8,8 +8,14 @@ inside the loop also raises at once, so that a save that hangs can still be inte
 
 Handlers are installed only in the main thread (Python delivers signals there alone) and the
 previous ones come back when the run ends.
+
+A run of several processes (`forward_to_jax`) leaves SIGTERM to the handler that
+`jax.distributed.initialize` installs: it tells JAX's coordination service, and the train loop
+asks JAX's sync point after every step, so that every process stops after the same step
+(ctr_jax/training/preemption.py). A Ctrl-C inside the loop is sent on to it as a SIGTERM.
 """
 
+import os
 import signal
 import threading
 
@@ -36,15 +42,16 @@ class Signals:
   """The run's handler of STOP_SIGNALS, as a context manager; `phase` says what the run is doing
   (for the message after an interruption)."""
 
-  def __init__(self):
+  def __init__(self, forward_to_jax: bool = False):
     self.received = None  # the first signal received inside the train loop
     self.phase = SET_UP
     self.deferring = False  # set by the train loop
+    self.forward_to_jax = forward_to_jax
     self._previous = {}
 
   def __enter__(self) -> 'Signals':
     if threading.current_thread() is threading.main_thread():
-      for signum in STOP_SIGNALS:
+      for signum in (signal.SIGINT,) if self.forward_to_jax else STOP_SIGNALS:
         self._previous[signum] = signal.signal(signum, self._handle)
     return self
 
@@ -57,6 +64,8 @@ class Signals:
     del frame
     if self.deferring and self.received is None:
       self.received = signum
+      if self.forward_to_jax:  # JAX's handler: every process stops after the same step
+        os.kill(os.getpid(), signal.SIGTERM)
       return
     raise Interrupted(signum)
 
