@@ -99,31 +99,35 @@ def _logged_steps(workdir):
   return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def _sigterm_process_1(run, workdir, after_steps):
+def _sigterm(run, workdir, after_steps, targets=(1,)):
   _wait_for(lambda: _logged_steps(workdir) >= after_steps, run, 240, 'training did not start')
-  run.procs[1].send_signal(signal.SIGTERM)
   sent = time.monotonic()
+  for target in targets:  # several: at different moments
+    time.sleep(0.0 if target == targets[0] else 0.3)
+    run.procs[target].send_signal(signal.SIGTERM)
   codes = [run.wait(i, 120) for i in range(2)]
   elapsed = time.monotonic() - sent
   assert codes == [0, 0], (run.output(0)[1][-3000:], run.output(1)[1][-3000:])
   stopped = re.findall(r'saved step (\d+) and stopped \(SIGTERM\)', run.output(0)[0])
   assert len(stopped) == 1, run.output(0)
-  assert 'SIGTERM caught' in run.output(1)[1]  # JAX's handler heard it, not a Python one
+  for target in targets:  # JAX's handler heard it, not a Python one
+    assert 'SIGTERM caught' in run.output(target)[1]
   step = int(stopped[0])
   # One collective save, of the step both processes stopped after (a stop at different steps
   # hangs in the save, or saves twice).
   assert checkpointing.latest_finished_step(workdir) == step
   assert not [d for d in os.listdir(workdir / 'checkpoints') if 'tmp' in d]
-  print(f'SIGTERM to process 1 after {after_steps} logged step(s): both stopped after step '
-        f'{step}, {elapsed:.1f} s after the signal')
+  print(f'SIGTERM to process(es) {targets} after {after_steps} logged step(s): both stopped '
+        f'after step {step}, {elapsed:.1f} s after the first signal')
   return step
 
 
-def test_sigterm_to_one_process_stops_both_after_the_same_step(data_dir, tmp_path):
+@pytest.mark.parametrize('targets', [(1,), pytest.param((0, 1), marks=pytest.mark.slow)])
+def test_sigterm_to_one_process_stops_both_after_the_same_step(targets, data_dir, tmp_path):
   workdir = tmp_path / 'run'
   run = TwoProcesses(tmp_path, 'run', _flags(data_dir, workdir, total_steps=100000))
   try:
-    _sigterm_process_1(run, workdir, after_steps=1)
+    _sigterm(run, workdir, after_steps=1, targets=targets)
   finally:
     run.kill()
 
@@ -133,7 +137,7 @@ def test_sigterm_stop_then_rerun_gives_the_uninterrupted_losses(data_dir, tmp_pa
   workdir = tmp_path / 'run'
   run = TwoProcesses(tmp_path, 'run', _flags(data_dir, workdir, total_steps=100000))
   try:
-    stop = _sigterm_process_1(run, workdir, after_steps=3)
+    stop = _sigterm(run, workdir, after_steps=3)
   finally:
     run.kill()
   total = stop + 3
