@@ -148,7 +148,7 @@ def test_a_failed_run_leaves_a_shared_new_parent_and_the_other_runs_files(tmp_pa
   sweep = tmp_path / 'sweep'
   b = workdir_lib.Run(sweep / 'b')  # creates sweep/ and sweep/b
   a = workdir_lib.Run(sweep / 'a')  # then another run uses the new parent
-  (a.path / 'checkpoints' / '2').mkdir(parents=True)
+  (a.path / 'checkpoints' / '2.orbax-checkpoint-tmp-1').mkdir(parents=True)  # being written
   (a.path / 'metrics.jsonl').write_text('{"step": 1}\n')
   (b.path / 'metrics.jsonl').write_text('{"step": 1}\n')
   before = snapshot(sweep / 'a')
@@ -158,6 +158,12 @@ def test_a_failed_run_leaves_a_shared_new_parent_and_the_other_runs_files(tmp_pa
     workdir_lib.Run(sweep / 'a')  # A's lock still holds: a third run cannot take A's workdir
   a.fail()
   assert os.listdir(sweep) == []  # B created it, but A was in it then: an empty leftover
+  # A finished checkpoint is kept even if the failure came before the run heard its save end
+  # (a lost peer, a signal: `saved` was never set).
+  c = workdir_lib.Run(sweep / 'c')
+  (c.path / 'checkpoints' / '4').mkdir(parents=True)
+  c.fail()
+  assert os.listdir(sweep / 'c' / 'checkpoints') == ['4']
   # Another run's workdir inside a failed run's (it holds a lock) is left, with what holds it.
   outer = workdir_lib.Run(tmp_path / 'outer')
   nested = workdir_lib.Run(tmp_path / 'outer' / 'inner' / 'run')

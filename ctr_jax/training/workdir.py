@@ -277,13 +277,20 @@ class Run:
   def __str__(self) -> str:
     return str(self.path)
 
+  def _has_finished_checkpoint(self) -> bool:
+    """A step directory of orbax's (a number; unfinished ones are `N.orbax-checkpoint-tmp*`)."""
+    checkpoints = self.path / 'checkpoints'
+    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+
   def finish(self) -> None:
     if self._lock is not None:
       self._lock.release()
       self._lock = None
 
   def fail(self) -> None:
-    if self._lock is None or self.saved:
+    # `saved` is set after a save returns; a failure between orbax's final rename and that (a
+    # lost peer, a signal) has a finished checkpoint on disk all the same: keep it.
+    if self._lock is None or self.saved or self._has_finished_checkpoint():
       self.finish()
       return
     # Entries first, while the lock keeps other runs out of this workdir; then the lock file
