@@ -3,7 +3,7 @@ on synthetic corpora in the real layouts, and the projected hours for the real c
 count: docs/prepare_rate.json and docs/prepare_rate.md (issue 40 item 3).
 
   python -m ctr_jax.projects.perf.prepare_rate                 # full size (~20-60 s a run)
-  python -m ctr_jax.projects.perf.prepare_rate --report_only   # the page again from the json
+  python -m ctr_jax.projects.perf.prepare_rate --report_only   # projection + page from the json
 
 The corpora are written to a temporary directory: OpenWebText as the public `openwebtext.tar.xz`
 (a tar of per-subset `.xz` tars of `.txt` documents) and as the Hugging Face mirror's
@@ -315,6 +315,7 @@ def project(rows: list[dict], outer: list[dict], cores=CORES) -> list[dict]:
       efficiency = (by_workers[2][f'{basis}_mb_per_s'] / (2 * one)) if 2 in by_workers else 1.0
       hours = {str(c): corpus_bytes / 1e6 / (one * c * (efficiency if c > 1 else 1.0)) / 3600
                for c in cores}
+      linear = {str(c): corpus_bytes / 1e6 / (one * c) / 3600 for c in cores}
       read = next((o for o in outer if o['corpus'] == corpus and o['layout'] == layout), None)
       floor = None
       if read is not None and read['seconds'] > 0:
@@ -324,6 +325,7 @@ def project(rows: list[dict], outer: list[dict], cores=CORES) -> list[dict]:
       projections.append({'corpus': corpus, 'layout': layout, 'basis': basis,
                           'corpus_bytes': corpus_bytes, 'one_worker_mb_per_s': one,
                           'two_worker_efficiency': efficiency, 'hours': hours,
+                          'hours_if_linear': linear,
                           'outer_read_floor_hours': floor})
   return projections
 
@@ -401,7 +403,24 @@ def run(owt_text_mb: float, wiki_text_mb: float, workers=(1, 2), vocab_size: int
 
 
 def _hours(h: float) -> str:
+  if h < 0.1:
+    return f'{h:.3f}'
   return f'{h:,.1f}' if h < 100 else f'{h:,.0f}'
+
+
+def _ratios(result: dict) -> str:
+  """How the synthetic corpora's text per input byte compares with the real ones'."""
+  text = {r['corpus']: r['text_mb'] for r in result['rows']}
+  syn = result['synthetic']
+  owt = text['openwebtext'] / syn['openwebtext']['input_mb']['archive']
+  wiki = text['wikipedia'] / syn['wikipedia']['input_mb']['whole_dump']
+  return (f'Text per input byte: the synthetic `openwebtext.tar.xz` holds {owt:.1f} bytes of text '
+          f'per byte (the real one {OWT_TEXT_BYTES / OWT_ARCHIVE_BYTES:.1f}), so its text MB/s is '
+          'the figure to project from. The synthetic Wikipedia dump holds '
+          f'{wiki:.1f} bytes of cleaned article text per byte of bz2; the real dump carries far '
+          'more markup, redirects and non-article pages per byte of article text, so where, as '
+          'here, tokenising the text is most of the cost, its input MB/s is likely higher and the '
+          'Wikipedia hours above are on the long side.')
 
 
 def render(result: dict) -> str:
@@ -419,13 +438,18 @@ def render(result: dict) -> str:
         f"of text here (`openwebtext.tar.xz`), so the whole corpus (~38 GB of text) is projected "
         f"to take ~{_hours(hours['1'])} h on 1 core, ~{_hours(hours['8'])} h on 8 and "
         f"~{_hours(hours['64'])} h on 64{wiki} (measured on 1 and 2 cores of a shared machine, "
-        f"2-worker efficiency {owt['two_worker_efficiency']:.2f}; beyond 2 cores a projection).")
+        f"2-worker efficiency {owt['two_worker_efficiency']:.2f}; beyond 2 cores a projection)"
+        + ('. Here 2 workers were slower than 1: the second core was busy with another job, so '
+           'the efficiency measures that contention, not scaling; the efficiency-1 table below is '
+           'the idle-machine bound.' if owt['two_worker_efficiency'] < 0.5 else '.'))
   lines += ['', f"Measured {result['date']} on {result['machine_summary']}; "
             f"{result['cores_usable']} usable cores. {result['shared_machine']} Load average at "
             f"the start {result['load_average_start']}, at the end {result['load_average_end']}.",
             '', f"Command: `{result['command']}`; the rows and projections below are generated "
-            'from [prepare_rate.json](prepare_rate.json) (`--report_only` rewrites this page from '
-            'it).', '']
+            'from [prepare_rate.json](prepare_rate.json) (`--report_only` recomputes the '
+            'projection from its rows and rewrites this page'
+            + (f": last `{result['projection_command']}`" if 'projection_command' in result
+               else '') + ').', '']
   syn = result['synthetic']
   lines += [
       '## Measured', '',
@@ -472,11 +496,19 @@ def render(result: dict) -> str:
     lines.append(f"| {p['corpus']} | {p['layout']} | {p['basis']} | "
                  f"{p['one_worker_mb_per_s']:.2f} | {p['two_worker_efficiency']:.2f} | "
                  + ' | '.join(cells) + f" | {_hours(floor) if floor else '-'} |")
+  lines += ['', 'The same if every core added one worker\'s rate (efficiency 1: an idle machine\'s '
+            'best case, still bounded by the floor):', '',
+            '| corpus | layout | ' + ' | '.join(f'h at {c}' for c in cores) + ' |',
+            '|---|---|' + '---:|' * len(cores)]
+  for p in result['projection']:
+    floor = p['outer_read_floor_hours']
+    cells = [_hours(h) + ('*' if floor and h < floor else '') for h in p['hours_if_linear'].values()]
+    lines.append(f"| {p['corpus']} | {p['layout']} | " + ' | '.join(cells) + ' |')
   lines += ['', 'The synthetic files were in the page cache when read (a real disk reading the '
             '~12-22 GB at 100+ MB/s is not the bottleneck at these rates); the 2-worker rows ran '
             'three processes (the main one and two workers) on two cores beside the other jobs, '
             'so their efficiency, and every projection beyond one core, is pessimistic for an '
-            'idle machine.']
+            'idle machine.', '', _ratios(result)]
   return '\n'.join(lines)
 
 
@@ -504,17 +536,20 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument('--md', default=os.path.join(paths.REPO_ROOT, 'docs', 'prepare_rate.md'))
   parser.add_argument('--report_only', action='store_true', help='the page from the json')
   args = parser.parse_args(argv)
-  if args.report_only:
+  if args.report_only:  # the projection again from the json's measured rows (arithmetic only)
     with open(args.out) as f:
       result = json.load(f)
+    result['projection'] = project(result['rows'], result['outer_read'])
+    result['projection_command'] = ' '.join(
+        ['python -m ctr_jax.projects.perf.prepare_rate', *argv])
   else:
     result = run(args.owt_text_mb, args.wiki_text_mb, tuple(args.workers), args.vocab_size,
                  args.tokenizer_train_mb, args.work_dir,
                  command=' '.join(['python -m ctr_jax.projects.perf.prepare_rate', *argv]),
                  wiki_parts=args.wiki_parts)
-    with open(args.out, 'w') as f:
-      json.dump(result, f, indent=2)
-      f.write('\n')
+  with open(args.out, 'w') as f:
+    json.dump(result, f, indent=2)
+    f.write('\n')
   write_page(result, args.md)
   print(f'written to {args.out} and {args.md}')
   return result
