@@ -473,8 +473,8 @@ def test_signals_outside_the_train_loop_say_what_is_saved(data_dir, trained, tmp
 # ------------------------------------------------------------------------------------------------
 
 
-def test_disk_full_while_saving_is_one_line_and_leaves_no_temporary(
-    data_dir, tmp_path, monkeypatch, capfd):
+def _fill_the_disk_after_the_first_checkpoint(monkeypatch) -> None:
+  """orbax's JSON writes fail with ENOSPC from the second checkpoint on."""
   from orbax.checkpoint._src.handlers import json_checkpoint_handler as json_handler
   original = json_handler.JsonCheckpointHandler._save_fn
   calls = []
@@ -486,6 +486,11 @@ def test_disk_full_while_saving_is_one_line_and_leaves_no_temporary(
     return await original(self, item, directory)
 
   monkeypatch.setattr(json_handler.JsonCheckpointHandler, '_save_fn', fill_the_disk)
+
+
+def test_disk_full_while_saving_is_one_line_and_leaves_no_temporary(
+    data_dir, tmp_path, monkeypatch, capfd):
+  _fill_the_disk_after_the_first_checkpoint(monkeypatch)
   workdir = str(tmp_path / 'run')
   capfd.readouterr()
   with pytest.raises(checkpointing.CheckpointError) as failure:
@@ -637,17 +642,7 @@ def test_async_checkpoints_resume_exactly_and_never_save_a_nan(data_dir, tmp_pat
 
 def test_async_disk_full_is_still_one_line_and_leaves_no_temporary(
     data_dir, tmp_path, monkeypatch, capfd, async_managers):
-  from orbax.checkpoint._src.handlers import json_checkpoint_handler as json_handler
-  original = json_handler.JsonCheckpointHandler._save_fn
-  calls = []
-
-  async def fill_the_disk(self, item, directory):
-    calls.append(directory)
-    if len(calls) > 2:  # the first checkpoint (two JSON items) is written, the second is not
-      raise OSError(errno.ENOSPC, 'No space left on device')
-    return await original(self, item, directory)
-
-  monkeypatch.setattr(json_handler.JsonCheckpointHandler, '_save_fn', fill_the_disk)
+  _fill_the_disk_after_the_first_checkpoint(monkeypatch)
   workdir = str(tmp_path / 'run')
   capfd.readouterr()
   with pytest.raises(checkpointing.CheckpointError) as failure:
