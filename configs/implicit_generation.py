@@ -17,6 +17,13 @@ Each run writes its results json under docs/implicit_generation/ and regenerates
 docs/implicit_updates.md or docs/implicit_updates_pretrained.md (between the section's markers)
 from it.
 
+With intervals (issue 42 item 5): the paper's five prompts and fifteen more, 50 tokens each,
+first patched layer 0, apply action, the closed loop (Algorithm 1) and the open loop on the same
+tokens, per-prompt 95% cluster-bootstrap intervals (docs/implicit_generation/gemma3_270m_20x50.json):
+
+  python -m ctr_jax.projects.implicit_generation \
+      --config=configs/implicit_generation.py:model=gemma3_270m,prompts=20,tokens=50
+
 Or on a Hugging Face checkpoint (e.g. google/gemma-3-1b-it downloaded to a
 directory; the paper's five prompts, Gemma chat format):
 
@@ -43,6 +50,25 @@ PAPER_PROMPTS = (
     'Topic: Three siblings named Jack, Fred, and Alice. Task: Write one 5-7-5 haiku about them:',
     'We can absorb the impact of a prompt for a modern language model such as Gemma into the '
     'MLP weights. Write a two-line rhyming couplet about this fact:',
+)
+# Fifteen more plain-text prompts of varied kinds (instructions, questions, openings, lists,
+# code and arithmetic), for the intervals run (`prompts=20`): the paper's five come first.
+MORE_PROMPTS = (
+    'The capital of France is',
+    'Here is a simple recipe for pancakes:',
+    'Q: Why is the sky blue?\nA:',
+    'def fibonacci(n):',
+    'Once upon a time, in a small village by the sea,',
+    'The three primary colours are',
+    'List four common household pets:',
+    'Translate into French: "Good morning, how are you?"',
+    'Summarise the water cycle in two sentences:',
+    'The train left the station at noon, and',
+    'In 1969, the first humans landed on',
+    'Give one tip for getting better sleep:',
+    'Photosynthesis is the process by which',
+    '12 + 7 =',
+    'Dear hiring manager, I am writing to apply for',
 )
 # Openings in the style of the small models' training text.
 KJV_PROMPTS = (
@@ -74,16 +100,27 @@ PROMPT_FORMATS = ('plain', 'chatml', 'gemma_chat')
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, hf_dir='', model='', quick=False,
+  arg = config_lib.parse_arg(arg, hf_dir='', model='', quick=False, prompts=0, tokens=0,
                              runlocal=False)  # runlocal: no-op
   if arg.model and arg.model not in PRETRAINED:
     raise ValueError(f'config arg model={arg.model!r}: expected one of {sorted(PRETRAINED)} '
                      "or '' (the small trained models)")
   if arg.model and arg.hf_dir:
     raise ValueError('config args model and hf_dir exclude each other; give one')
+  intervals = bool(arg.prompts or arg.tokens)
+  every = PAPER_PROMPTS + MORE_PROMPTS
+  if intervals and not arg.model:
+    raise ValueError('config args prompts and tokens (the intervals run) need model=')
+  if not 0 <= arg.prompts <= len(every) or arg.tokens < 0:
+    raise ValueError(f'config args prompts={arg.prompts}, tokens={arg.tokens}: prompts in '
+                     f'[1, {len(every)}], tokens >= 1')
   name = arg.model or ('' if arg.hf_dir else 'small_models')
+  if intervals:  # its own json, doc section and figures; the five-prompt run's stay as they are
+    arg.prompts = arg.prompts or len(PAPER_PROMPTS)
+    arg.tokens = arg.tokens or 20
+    name = f'{arg.model}_{arg.prompts}x{arg.tokens}'
   c = ml_collections.ConfigDict()
-  c.workdir = '/tmp/implicit_generation' + (f'_{arg.model}' if arg.model else '')
+  c.workdir = '/tmp/implicit_generation' + (f'_{name}' if arg.model else '')
   c.figures_dir = 'docs/figures'          # '' = workdir only
   # The committed results json and the doc section generated from it ('' = neither).
   c.results_json = f'docs/implicit_generation/{name}.json' if name else ''
@@ -91,7 +128,7 @@ def get_config(arg=None):
   c.doc = ('docs/implicit_updates.md' if name == 'small_models' else
            'docs/implicit_updates_pretrained.md' if name else '')
   c.doc_section = name
-  c.figure_prefix = 'implicit_generation' + (f'_{arg.model}' if arg.model else '')
+  c.figure_prefix = 'implicit_generation' + (f'_{name}' if arg.model else '')
   c.seed = 0
 
   c.num_tokens = 20                       # greedy tokens per prompt
@@ -103,6 +140,14 @@ def get_config(arg=None):
   c.memory_budget_gb = 4.0                # 'materialise' holds per-example patched matrices
   # First patched layers of the 'materialise' rows (() = 0, L/2, L - 1, as for 'action').
   c.materialise_first_layers = ()
+  # The intervals run (config args prompts, tokens): per-prompt statistics with 95% cluster
+  # bootstrap intervals; first patched layer 0, apply action, both loops, and every setting's
+  # logits from a separate patched forward pass of the query alone.
+  c.intervals = intervals
+  c.first_layers = ()                     # () = 0, L/2, L - 1
+  c.loops = ('closed',)                   # 'open': each patch from the recorded unpatched path
+  c.separate_pass = False                 # logits from a second pass that applies the patch
+  c.bootstrap_resamples = 10000
 
   c.data = ml_collections.ConfigDict()
   c.data.name = 'kjv_bible'
@@ -138,6 +183,14 @@ def get_config(arg=None):
   if arg.model:
     c.prompt_format = PRETRAINED[arg.model]['prompt_format']
     c.labels = ml_collections.ConfigDict({arg.model: PRETRAINED[arg.model]['label']})
+
+  if intervals:
+    c.hf_prompts = every[:arg.prompts]
+    c.num_tokens = arg.tokens
+    c.modes = ('action',)
+    c.first_layers = (0,)
+    c.loops = ('closed', 'open')
+    c.separate_pass = True
 
   if arg.quick:  # a smoke run in well under a minute
     c.train.steps = 20

@@ -96,3 +96,94 @@ def test_pretrained_config_arg_is_validated():
   assert config_module.get_config('').doc_section == 'small_models'
   with pytest.raises(ValueError, match="model='gpt5'.*gemma3_270m"):
     config_module.get_config('model=gpt5')
+
+
+def test_cluster_bootstrap_on_hand_computable_cases():
+  # Equal clusters: every resample has the same mean, so the interval is the point.
+  same = generation.cluster_bootstrap([0.9] * 5)
+  assert same['mean'] == pytest.approx(0.9) and same['lo'] == same['hi'] == pytest.approx(0.9)
+  # Two clusters 0 and 1: a resampled mean is 0, 1/2 or 1 with probabilities 1/4, 1/2, 1/4, so
+  # the 2.5% and 97.5% quantiles are 0 and 1 and the 30% and 70% quantiles both 1/2.
+  two = generation.cluster_bootstrap([0.0, 1.0], resamples=20000)
+  assert (two['mean'], two['lo'], two['hi'], two['n']) == (0.5, 0.0, 1.0, 2)
+  middle = generation.cluster_bootstrap([0.0, 1.0], resamples=20000, level=0.4)
+  assert middle['lo'] == middle['hi'] == 0.5
+
+
+def test_interval_summary_pairs_methods_and_loops():
+  def run(method, loop, agree):
+    return {'setting': {'dtype': 'bfloat16', 'method': method, 'mode': 'action',
+                        'first_layer': 0, 'loop': loop},
+            'per_step': {'agree': agree, 'max_abs_logit': np.ones_like(agree, float).tolist()}}
+  runs = [run('direct', 'closed', [[1, 1], [1, 0]]), run('direct', 'open', [[0, 0], [0, 0]]),
+          run('stable', 'closed', [[1, 1], [1, 1]])]
+  out = generation.interval_summary(runs, resamples=2000)
+  assert out['runs']['bfloat16/direct/action/0/closed']['per_prompt_agreement'] == [1.0, 0.5]
+  diffs = out['differences']
+  stable = diffs['bfloat16/stable/action/0/closed - bfloat16/direct/action/0/closed']
+  assert stable['agreement']['mean'] == pytest.approx(0.25)  # per prompt: 0 and +0.5
+  assert (stable['agreement']['lo'], stable['agreement']['hi']) == (0.0, 0.5)
+  opened = diffs['bfloat16/direct/action/0/open - bfloat16/direct/action/0/closed']
+  assert opened['agreement']['mean'] == pytest.approx(-0.75) and len(diffs) == 2
+  assert 'Verdict: In bfloat16' in report.verdict(out)
+
+
+def test_open_and_closed_loop_from_a_separate_pass(tmp_path):
+  """Both loops' patches, applied in a separate pass of the query alone, are exact in float64
+  (the loops differ only by rounding); the closed loop's separate pass is its own pass."""
+  with jax.enable_x64(True):
+    model, variables, _ = family_lm('gemma', dtype='float64', depth=3)
+    baseline = generation.greedy_baseline(model, variables, [[1, 2, 3, 4], [5, 6]], 3)
+    settings = generation.settings_for('gemma', 3, ['float64'], ['direct', 'stable'],
+                                       ['action'], first_layers=(0,), loops=('closed', 'open'))
+    assert [(s.method, s.loop) for s in settings] == [
+        ('direct', 'closed'), ('direct', 'open'), ('stable', 'closed'), ('stable', 'open')]
+    results = generation.evaluate(model, variables, baseline, settings, separate_pass=True)
+  for metrics in results.values():
+    assert metrics['agree'].all() and metrics['max_abs_logit'].max() <= 1e-9
+    assert metrics['layers'] == {}
+  model, variables, _ = family_lm('gemma', depth=3)
+  baseline = generation.greedy_baseline(model, variables, [[1, 2, 3, 4], [5, 6]], 3)
+  closed = generation.settings_for('gemma', 3, ['float32'], ['direct'], ['action'],
+                                   first_layers=(0,))
+  own = generation.evaluate(model, variables, baseline, closed)[closed[0]]
+  separate = generation.evaluate(model, variables, baseline, closed,
+                                 separate_pass=True)[closed[0]]
+  np.testing.assert_allclose(own['max_abs_logit'], separate['max_abs_logit'], atol=1e-5)
+
+  family = {'label': 'tiny Gemma', 'block': 'gemma', 'depth': 3, 'runs': [],
+            'generated': {'bfloat16': ['a', 'b']}}
+  for setting, metrics in results.items():
+    metrics = {k: v for k, v in metrics.items() if k not in ('layers', 'seconds')}
+    family['runs'].append({'setting': vars(setting), 'summary': generation.summarise(metrics),
+                           'per_step': {k: v.tolist() for k, v in metrics.items()}})
+  family['intervals'] = generation.interval_summary(family['runs'], resamples=500)
+  results = {'machine': 'm', 'command': 'python -m x --config=c:prompts=2', 'wall_s': 60.0,
+             'prompts': ['p', 'q'], 'families': {'gemma': family},
+             'intervals_run': {'loops': ['closed', 'open']}}
+  text = report.doc_section(results, 'tiny', str(tmp_path))
+  assert '| float64 | stable | open | - | 100.0 [100.0, 100.0] | 2/2 | 0 (0) |' in text
+  assert 'python -m x --config=c:prompts=2' in text and '2 prompts × 3 greedy tokens' in text
+
+
+def test_intervals_config_arg():
+  from configs import implicit_generation as config_module
+  config = config_module.get_config('model=gemma3_270m,prompts=20,tokens=50')
+  prompts = tuple(config.hf_prompts)
+  assert len(prompts) == 20 and len(set(prompts)) == 20 and config.num_tokens == 50
+  assert prompts[:5] == config_module.PAPER_PROMPTS
+  assert config.results_json == 'docs/implicit_generation/gemma3_270m_20x50.json'
+  assert config.doc_section == 'gemma3_270m_20x50' and config.intervals
+  assert tuple(config.loops) == ('closed', 'open') and tuple(config.first_layers) == (0,)
+  assert config.separate_pass and tuple(config.modes) == ('action',)
+  # The five-prompt run is as before: its json, section, prompts, tokens and settings.
+  default = config_module.get_config('model=gemma3_270m')
+  assert default.results_json == 'docs/implicit_generation/gemma3_270m.json'
+  assert tuple(default.hf_prompts) == config_module.PAPER_PROMPTS and default.num_tokens == 20
+  assert tuple(default.loops) == ('closed',) and not default.separate_pass
+  assert tuple(default.first_layers) == () and not default.intervals
+  assert default.workdir == '/tmp/implicit_generation_gemma3_270m'
+  with pytest.raises(ValueError, match='need model='):
+    config_module.get_config('prompts=20')
+  with pytest.raises(ValueError, match='prompts=21'):
+    config_module.get_config('model=gemma3_270m,prompts=21')

@@ -133,6 +133,10 @@ def main(argv):
              'prompt_format': config.prompt_format if (config.model or config.hf_dir)
                               else 'plain, after <|endoftext|>',
              'prompts': [decode(p) for p in prompts], 'prompt_ids': prompts, 'families': {}}
+  if config.intervals:
+    results['intervals_run'] = {'first_layers': list(config.first_layers),
+                                'loops': list(config.loops), 'modes': list(config.modes),
+                                'separate_pass': config.separate_pass}
   materialise_firsts = tuple(config.materialise_first_layers) or None
   for name, (model32, variables, loss) in trained.items():
     spec = model32.spec
@@ -146,12 +150,15 @@ def main(argv):
       family['generated'][dtype] = [decode(baseline.tokens[i, n:n + config.num_tokens])
                                     for i, n in enumerate(baseline.lengths)]
       settings = generation.settings_for(spec.block, spec.depth, [dtype], config.methods,
-                                         config.modes, materialise_firsts)
+                                         config.modes, materialise_firsts,
+                                         first_layers=tuple(config.first_layers) or None,
+                                         loops=tuple(config.loops))
       log(f'{name} {dtype}: baseline {time.time() - t0:.0f} s; {len(settings)} settings x '
           f'{len(prompts)} prompts x {config.num_tokens} tokens')
       evaluated = generation.evaluate(model, cast_vars, baseline, settings,
                                       chunk=config.eval_batch,
-                                      budget_gb=config.memory_budget_gb, log=log)
+                                      budget_gb=config.memory_budget_gb, log=log,
+                                      separate_pass=config.separate_pass)
       for setting, metrics in evaluated.items():
         layers, seconds = metrics.pop('layers'), metrics.pop('seconds')
         summary = generation.summarise(metrics)
@@ -160,6 +167,9 @@ def main(argv):
                                'seconds': seconds, 'dm_layers': generation.dm_layers(layers),
                                'per_step': {k: v.tolist() for k, v in metrics.items()}})
       del baseline, evaluated
+    if config.intervals:
+      family['intervals'] = generation.interval_summary(
+          family['runs'], resamples=config.bootstrap_resamples, seed=config.seed)
     results['families'][name] = family
   results['wall_s'] = time.time() - start
   report.write_report(results, config.workdir, config.figures_dir,

@@ -16,6 +16,7 @@ the pairs (`first_layer` is traced, so the ablation over it does not recompile).
 """
 
 import dataclasses
+import functools
 import itertools
 import time
 
@@ -131,6 +132,32 @@ class Setting:
   method: str
   mode: str
   first_layer: int
+  loop: str = 'closed'   # 'open': each layer's patch from the recorded (unpatched) path
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'method', 'mode', 'loop'))
+def _patch_then_apply(model, variables, records, query, positions, first_layer, method, mode,
+                      loop):
+  """Computes the patch (closed or open loop), then a second pass of the query alone with
+  it applied: the logits a deployed patch gives, whichever loop computed it."""
+  x = implicit.algorithm.embed(model, variables, query, positions)
+  _, patch, _ = implicit.algorithm.reduced(model, variables, x, positions, records=records,
+                                           method=method, mode=mode, loop=loop,
+                                           first_layer=first_layer)
+  out = implicit.algorithm.reduced(model, variables, x, positions, patch=patch, mode=mode)
+  return out[:, -1]
+
+
+def patched_then_applied(model, variables, records, query, positions, *, method: str,
+                         mode: str, first_layer: int, loop: str) -> jax.Array:
+  """Patched next-token logits [B, V] from a separate pass that applies the patch computed
+  by the closed loop (Algorithm 1) or the open loop; `implicit.patched_next_token` returns the
+  computing pass's own logits, which in the open loop are not the patched model's."""
+  query = jnp.asarray(query, jnp.int32).reshape(-1, 1)
+  positions = jnp.asarray(positions, jnp.int32).reshape(-1, 1)
+  return _patch_then_apply(model, variables, records, query, positions,
+                           jnp.asarray(first_layer, jnp.int32), method=method, mode=mode,
+                           loop=loop)
 
 
 def auto_chunk(spec, mode: str, rows: int, budget_gb: float) -> int:
@@ -147,10 +174,13 @@ def auto_chunk(spec, mode: str, rows: int, budget_gb: float) -> int:
 
 
 def evaluate(model, variables, baseline: Baseline, settings, *, chunk: int = 0,
-             budget_gb: float = 4.0, log=None) -> dict[Setting, dict[str, np.ndarray]]:
+             budget_gb: float = 4.0, log=None,
+             separate_pass: bool = False) -> dict[Setting, dict[str, np.ndarray]]:
   """Metrics [P, num_tokens] of every setting (all with this model's dtype), against the one
   baseline; `chunk` = 0 picks it per mode (`auto_chunk`). Each setting's dict also holds
-  'layers': the per-layer diagnostics {name: [L, P, num_tokens]} and 'seconds'."""
+  'layers': the per-layer diagnostics {name: [L, P, num_tokens]} and 'seconds'.
+  `separate_pass`: the logits come from `patched_then_applied` (needed for the open loop;
+  then no per-layer diagnostics)."""
   rows = len(baseline.query)
   shape = (len(baseline.lengths), baseline.num_tokens)
   results = {}
@@ -159,6 +189,13 @@ def evaluate(model, variables, baseline: Baseline, settings, *, chunk: int = 0,
     start, parts, layers = time.time(), [], []
     for s in range(0, rows, size):
       records = jax.tree.map(lambda a, s=s: a[s:s + size], baseline.records)
+      if separate_pass or setting.loop != 'closed':
+        patched = patched_then_applied(
+            model, variables, records, baseline.query[s:s + size],
+            baseline.positions[s:s + size], method=setting.method, mode=setting.mode,
+            first_layer=setting.first_layer, loop=setting.loop)
+        parts.append(step_metrics(baseline.logits[s:s + size], patched))
+        continue
       patched, extras = implicit.patched_next_token(
           model, variables, records, baseline.query[s:s + size],
           baseline.positions[s:s + size], method=setting.method, mode=setting.mode,
@@ -171,7 +208,7 @@ def evaluate(model, variables, baseline: Baseline, settings, *, chunk: int = 0,
       layers.append(extras)
     out = {k: np.concatenate([m[k] for m in parts]).reshape(shape) for k in parts[0]}
     out['layers'] = {k: np.concatenate([e[k] for e in layers], axis=1).reshape((-1,) + shape)
-                     for k in layers[0]}
+                     for k in (layers[0] if layers else ())}
     out['seconds'] = time.time() - start
     if log is not None:
       log(f'    {setting}: {out["seconds"]:.0f} s (chunk {size})')
@@ -180,14 +217,15 @@ def evaluate(model, variables, baseline: Baseline, settings, *, chunk: int = 0,
 
 
 def settings_for(block: str, depth: int, dtypes, methods, modes,
-                 materialise_first_layers=None) -> list[Setting]:
+                 materialise_first_layers=None, first_layers=None,
+                 loops=('closed',)) -> list[Setting]:
   """The grid: 'stable' only where it differs from 'direct' (Gemma's post-norm); first
-  patched layers 0, L/2, L - 1 (for 'materialise' only those in `materialise_first_layers`
-  if given, the cheap reduction of a slow run)."""
+  patched layers 0, L/2, L - 1 or `first_layers` (for 'materialise' only those in
+  `materialise_first_layers` if given, the cheap reduction of a slow run); each loop."""
   methods = [m for m in methods if m == 'direct' or block == 'gemma']
-  firsts = sorted({0, depth // 2, depth - 1})
+  firsts = sorted(set(first_layers) if first_layers else {0, depth // 2, depth - 1})
   out = []
-  for s in itertools.product(dtypes, methods, modes, firsts):
+  for s in itertools.product(dtypes, methods, modes, firsts, loops):
     if (s[2] == 'materialise' and materialise_first_layers is not None
         and s[3] not in materialise_first_layers):
       continue
@@ -203,6 +241,56 @@ def summarise(metrics: dict[str, np.ndarray]) -> dict[str, float]:
          'min_margin': float(metrics['margin'].min())}
   if 'dm_max' in metrics:
     out['max_dm'] = float(metrics['dm_max'].max())
+  return out
+
+
+def cluster_bootstrap(values, *, resamples: int = 10000, seed: int = 0,
+                      level: float = 0.95) -> dict[str, float]:
+  """Mean of per-cluster values [n] (here: one per prompt) with a percentile bootstrap
+  interval that resamples whole clusters with replacement: the tokens of one prompt share a
+  history and are correlated, so the prompt is the independent unit. The interval is the
+  (1 - level) / 2 and (1 + level) / 2 quantiles of `resamples` resampled means (fixed seed)."""
+  values = np.asarray(values, np.float64).reshape(-1)
+  rng = np.random.default_rng(seed)
+  means = values[rng.integers(0, len(values), (resamples, len(values)))].mean(axis=1)
+  lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+  return {'mean': float(values.mean()), 'lo': float(lo), 'hi': float(hi), 'n': len(values)}
+
+
+def per_prompt(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Per prompt [P]: argmax agreement, mean and max of the per-token max |Δlogit|."""
+  agree = np.asarray(metrics['agree'], np.float64)
+  dlogit = np.asarray(metrics['max_abs_logit'], np.float64)
+  return {'agreement': agree.mean(axis=1), 'mean_abs_logit': dlogit.mean(axis=1),
+          'max_abs_logit': dlogit.max(axis=1)}
+
+
+def interval_summary(runs: list[dict], *, resamples: int = 10000, seed: int = 0) -> dict:
+  """95% cluster-bootstrap intervals of every run (its 'setting' and 'per_step' [P, N]) and
+  of the paired per-prompt differences stable - direct (same dtype and loop) and open - closed
+  (same dtype and method); a difference resamples the prompts' differences."""
+  def key(setting):
+    return '/'.join(str(setting[k]) for k in ('dtype', 'method', 'mode', 'first_layer',
+                                               'loop'))
+
+  stats = {key(r['setting']): per_prompt(r['per_step']) for r in runs}
+  boot = functools.partial(cluster_bootstrap, resamples=resamples, seed=seed)
+  out = {'resamples': resamples, 'seed': seed, 'level': 0.95, 'runs': {}, 'differences': {}}
+  for name, stat in stats.items():
+    out['runs'][name] = {k: boot(v) for k, v in stat.items()}
+    out['runs'][name]['per_prompt_agreement'] = stat['agreement'].tolist()
+  pairs = [('method', 'direct', 'stable'), ('loop', 'closed', 'open')]
+  for r in runs:
+    for field, a, b in pairs:
+      if r['setting'].get(field) != a:
+        continue
+      other = dict(r['setting'], **{field: b})
+      if key(other) not in stats:
+        continue
+      base, alt = stats[key(r['setting'])], stats[key(other)]
+      out['differences'][f'{key(other)} - {key(r["setting"])}'] = {
+          'field': field, 'a': key(r['setting']), 'b': key(other),
+          **{k: boot(alt[k] - base[k]) for k in base}}
   return out
 
 

@@ -206,8 +206,124 @@ def highlights(family: dict) -> list[str]:
   return out
 
 
+def _ci(stat: dict, fmt: str = '.1f', scale: float = 100.0, sign: str = '') -> str:
+  return (f"{format(scale * stat['mean'], sign + fmt)} [{format(scale * stat['lo'], sign + fmt)}, "
+          f"{format(scale * stat['hi'], sign + fmt)}]")
+
+
+def _run_label(key: str) -> str:
+  dtype, method, _, _, loop = key.split('/')
+  return f'{dtype} {method}, {loop} loop'
+
+
+def _misses(run: dict) -> tuple[int, int]:
+  """(disagreements, of them at an exact baseline tie) over all tokens of a run."""
+  agree = np.ravel(run['per_step']['agree'])
+  margin = np.ravel(run['per_step']['margin'])
+  return int(np.sum(~agree.astype(bool))), int(np.sum(~agree.astype(bool) & (margin == 0)))
+
+
+def _excludes_zero(stat: dict) -> bool:
+  return stat['lo'] > 0 or stat['hi'] < 0
+
+
+def verdict(intervals: dict) -> str:
+  """One sentence from the intervals: bfloat16 stable vs direct in the closed loop, then each
+  method's open loop against its closed loop; a difference is called one only where its 95%
+  interval excludes 0."""
+  runs, diffs = intervals['runs'], intervals['differences']
+  key = lambda method, loop: f'bfloat16/{method}/action/0/{loop}'
+  parts = []
+  stable = diffs.get(f"{key('stable', 'closed')} - {key('direct', 'closed')}")
+  if stable:
+    d = stable['agreement']
+    parts.append(
+        f"in bfloat16 the closed loop (Algorithm 1) agrees with the full-context model on "
+        f"{_ci(runs[key('direct', 'closed')]['agreement'])}% of greedy tokens with the direct "
+        f"update and {_ci(runs[key('stable', 'closed')]['agreement'])}% with the stable one, a "
+        f"paired difference of {_ci(d, sign='+')} points "
+        f"({'its interval excludes 0' if _excludes_zero(d) else 'its interval includes 0'})")
+  for method in ('direct', 'stable'):
+    d = diffs.get(f"{key(method, 'open')} - {key(method, 'closed')}")
+    if d:
+      parts.append(f"the open loop's {method} update agrees on "
+                   f"{_ci(runs[key(method, 'open')]['agreement'])}% "
+                   f"({_ci(d['agreement'], sign='+')} points against the closed loop)")
+  if not parts:
+    return ''
+  text = '; '.join(parts)
+  return f'Verdict: {text[0].upper() + text[1:]} (%, [95% interval]).'
+
+
+def intervals_section(results: dict, figure_prefix: str, figures_dir: str) -> str:
+  """The markdown of an intervals run (config args prompts, tokens): per-setting means over
+  prompts with 95% cluster-bootstrap intervals, the paired differences, the paper's numbers."""
+  names = _figure_names(figure_prefix)
+  rel = os.path.relpath(figures_dir, 'docs') if figures_dir else ''
+  out = []
+  for key, family in results['families'].items():
+    title = family.get('label', key)
+    iv = family['intervals']
+    first = family['runs'][0]['per_step']['agree']
+    prompts, tokens = len(first), len(first[0])
+    text = verdict(iv)
+    if text:
+      out.append(text + '\n')
+    out.append(f'#### {title}, {prompts} prompts × {tokens} greedy tokens: agreement with '
+               '95% intervals\n')
+    out.append(f"Each setting: first patched layer 0, apply action, logits from a separate "
+               f"pass of the query alone with the computed patch applied. Intervals: 95% "
+               f"percentile bootstrap over prompts ({iv['resamples']} resamples of the "
+               f"{prompts} prompts with replacement, seed {iv['seed']}); a difference "
+               "resamples the prompts' paired differences.\n")
+    out.append('| dtype | method | loop | paper (Gemma 3 1B it) | agreement % [95% CI] | '
+               'prompts at 100% | disagreements (at exact ties) | mean max abs dlogit '
+               '[95% CI] | max abs dlogit |')
+    out.append('|---|---|---|---|---|---|---|---|---|')
+    paper = {(d, m): p for d, m, p in PAPER}
+    for run in family['runs']:
+      s = run['setting']
+      k = '/'.join(str(s[f]) for f in ('dtype', 'method', 'mode', 'first_layer', 'loop'))
+      st = iv['runs'][k]
+      full = sum(a == 1.0 for a in st['per_prompt_agreement'])
+      miss, ties = _misses(run)
+      ref = paper.get((s['dtype'], s['method']), '-') if s['loop'] == 'closed' else '-'
+      out.append(f"| {s['dtype']} | {s['method']} | {s['loop']} | {ref} | "
+                 f"{_ci(st['agreement'])} | {full}/{st['agreement']['n']} | {miss} ({ties}) | "
+                 f"{_ci(st['mean_abs_logit'], '.3g', 1.0)} | "
+                 f"{run['summary']['max_abs_logit']:.3g} |")
+    out.append('')
+    out.append('Paired differences over prompts (b - a, per-prompt values; agreement in '
+               'percentage points):\n')
+    out.append('| b | a | agreement difference [95% CI] | mean max abs dlogit difference '
+               '[95% CI] |')
+    out.append('|---|---|---|---|')
+    for d in iv['differences'].values():
+      out.append(f"| {_run_label(d['b'])} | {_run_label(d['a'])} | "
+                 f"{_ci(d['agreement'], sign='+')} | "
+                 f"{_ci(d['mean_abs_logit'], '.3g', 1.0, sign='+')} |")
+    out.append('')
+  if rel:
+    figs = ', '.join(f'`docs/{rel}/{names[k]}`' for k in ('metrics', 'summary'))
+    out.append(f'Figures: {figs}.\n')
+  for key, family in results['families'].items():
+    texts = family.get('generated', {}).get('bfloat16', [])
+    if texts:
+      out.append(f"Baseline continuations, {family.get('label', key)}, bfloat16:\n")
+      out.extend(f'* `{_one_line(p, 60)}` → `{_one_line(t, 80)}`'
+                 for p, t in zip(results['prompts'], texts))
+      out.append('')
+  command = results.get('rerun', results['command'])
+  out.append(f"Command (run from the repository root; argv recorded in the results json):\n\n"
+             f"```bash\n{command}\n```\n\nMachine: {results['machine']}; "
+             f"wall time {results.get('wall_s', float('nan')) / 60:.1f} min.\n")
+  return '\n'.join(out)
+
+
 def doc_section(results: dict, figure_prefix: str, figures_dir: str) -> str:
   """The markdown of one run: command, comparison with the paper, tables, figures."""
+  if 'intervals_run' in results:
+    return intervals_section(results, figure_prefix, figures_dir)
   names = _figure_names(figure_prefix)
   rel = os.path.relpath(figures_dir, 'docs') if figures_dir else ''
   out = []
