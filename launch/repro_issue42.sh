@@ -5,6 +5,10 @@
 #
 #   nohup taskset -c 1 bash launch/repro_issue42.sh > run_item1.log 2>&1 &
 #
+# Arguments, if any, replace the list below (two lanes on two cores, one committing):
+#   nohup taskset -c 1 bash launch/repro_issue42.sh '3:~1M D=2' '3:~1M D=3' > lane_a.log 2>&1 &
+#   COMMIT=0 nohup taskset -c 0 bash launch/repro_issue42.sh '3:~0.25M' > lane_b.log 2>&1 &
+#
 # One call of python -m ctr_jax.projects.reproduce per entry, in this order, each training the
 # missing seeds of the groups whose name contains GROUP (SEEDS:GROUP for table1,
 # SEEDS:GROUP@STUDY for another study; an empty GROUP is every group); after each call the
@@ -28,6 +32,7 @@ ONLY=(
   '3:@k_min' '3:@seq_vs_parallel' '3:@k_eval' '3:@conversion'  # item 3: their seeds 1 and 2
   '3:width @width'   # the width pairs (not its context-length runs)
 )
+if [ $# -gt 0 ]; then ONLY=("$@"); fi
 for item in "${ONLY[@]}"; do
   seeds=${item%%:*} only=${item#*:} study=table1
   if [[ $only == *@* ]]; then study=${only#*@} only=${only%@*}; fi
