@@ -173,15 +173,21 @@ def generate_runner(fields: dict, *, batch: int, prompt_len: int):
   return call, models.count_params(variables)
 
 
-def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmup: int,
-                       repeats: int, params=None) -> dict:
-  """Sequential prefill (position scan) vs parallel prefill (fixed-point to `tolerance`)."""
+def _model_and_prompt(fields: dict, prompt_len: int, params=None):
+  """The model of `fields`, its variables (`params`, else a fixed initialisation) and a fixed
+  random prompt of `prompt_len` tokens, batch 1."""
   cfg = model_config(fields)
   model = models.build(cfg)
   if params is None:
     params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
-  variables = {'params': params}
   prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 0, cfg.vocab_size)
+  return model, {'params': params}, prompt
+
+
+def prefill_comparison(fields: dict, *, prompt_len: int, tolerance: float, warmup: int,
+                       repeats: int, params=None) -> dict:
+  """Sequential prefill (position scan) vs parallel prefill (fixed-point to `tolerance`)."""
+  model, variables, prompt = _model_and_prompt(fields, prompt_len, params)
   length = prompt_len + 1
   sequential = lambda: decode.prefill(model, variables, prompt, length)[0]
   parallel = lambda: decode.parallel_prefill(model, variables, prompt, length, tolerance)
@@ -277,12 +283,7 @@ def chunked_prefill_comparison(fields: dict, *, prompt_len: int, chunks, passes,
   at most `tolerance_passes` passes. Both sides compute the logits of every prompt position;
   max |Δlogit| is against the scan's.
   """
-  cfg = model_config(fields)
-  model = models.build(cfg)
-  if params is None:
-    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))['params']
-  variables = {'params': params}
-  prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 0, cfg.vocab_size)
+  model, variables, prompt = _model_and_prompt(fields, prompt_len, params)
   length = prompt_len + 1
   scan = lambda: decode.prefill(model, variables, prompt, length)[0]
   t_scan = timing.median_seconds(scan, warmup=warmup, repeats=repeats)

@@ -306,17 +306,8 @@ def intervals_section(results: dict, figure_prefix: str, figures_dir: str) -> st
   if rel:
     figs = ', '.join(f'`docs/{rel}/{names[k]}`' for k in ('metrics', 'summary'))
     out.append(f'Figures: {figs}.\n')
-  for key, family in results['families'].items():
-    texts = family.get('generated', {}).get('bfloat16', [])
-    if texts:
-      out.append(f"Baseline continuations, {family.get('label', key)}, bfloat16:\n")
-      out.extend(f'* `{_one_line(p, 60)}` → `{_one_line(t, 80)}`'
-                 for p, t in zip(results['prompts'], texts))
-      out.append('')
-  command = results.get('rerun', results['command'])
-  out.append(f"Command (run from the repository root; argv recorded in the results json):\n\n"
-             f"```bash\n{command}\n```\n\nMachine: {results['machine']}; "
-             f"wall time {results.get('wall_s', float('nan')) / 60:.1f} min.\n")
+  out.extend(_continuations(results, 'bfloat16', prompt_chars=60, text_chars=80))
+  out.append(_command_and_machine(results))
   return '\n'.join(out)
 
 
@@ -366,21 +357,33 @@ def doc_section(results: dict, figure_prefix: str, figures_dir: str) -> str:
     figs = ', '.join(f'`docs/{rel}/{names[k]}`' for k in ('metrics', 'summary', 'dm'))
     out.append(f'Figures: {figs}.\n')
     out.append(f'![per-token metrics]({rel}/{names["metrics"]})\n')
+  out.extend(_continuations(results, 'float32'))
+  out.append(_command_and_machine(results))
+  return '\n'.join(out)
+
+
+def _continuations(results: dict, dtype: str, prompt_chars: int = 110,
+                   text_chars: int = 110) -> list[str]:
+  """Each family's baseline continuation of every prompt in `dtype`, one bullet a prompt."""
+  out = []
   for key, family in results['families'].items():
-    texts = family.get('generated', {}).get('float32', [])
+    texts = family.get('generated', {}).get(dtype, [])
     if texts:
-      out.append(f"Baseline continuations, {family.get('label', key)}, float32:\n")
-      out.extend(f'* `{_one_line(p)}` → `{_one_line(t)}`'
+      out.append(f"Baseline continuations, {family.get('label', key)}, {dtype}:\n")
+      out.extend(f'* `{_one_line(p, prompt_chars)}` → `{_one_line(t, text_chars)}`'
                  for p, t in zip(results['prompts'], texts))
       out.append('')
+  return out
+
+
+def _command_and_machine(results: dict) -> str:
   # `rerun`: today's form of a command recorded before the code moved (`command` is as run).
   command = results.get('rerun', results['command'])
   if not command.startswith('python'):  # the json holds sys.argv as run: `python` + argv
     command = f'python {command}'
-  out.append(f"Command (run from the repository root; argv recorded in the results json):\n\n"
-             f"```bash\n{command}\n```\n\nMachine: {results['machine']}; "
-             f"wall time {results.get('wall_s', float('nan')) / 60:.1f} min.\n")
-  return '\n'.join(out)
+  return (f"Command (run from the repository root; argv recorded in the results json):\n\n"
+          f"```bash\n{command}\n```\n\nMachine: {results['machine']}; "
+          f"wall time {results.get('wall_s', float('nan')) / 60:.1f} min.\n")
 
 
 def _one_line(text: str, limit: int = 110) -> str:
