@@ -11,7 +11,8 @@
 #
 # One call of python -m ctr_jax.projects.reproduce per entry, in this order, each training the
 # missing seeds of the groups whose name contains GROUP (SEEDS:GROUP for table1,
-# SEEDS:GROUP@STUDY for another study; an empty GROUP is every group); after each call the
+# SEEDS:GROUP@STUDY for another study; an empty GROUP is every group; GROUP ending in $ names one
+# group whole); after each call the
 # study's json, figures and section of docs/reproduction.md are committed (COMMIT=0: not). Resumable:
 # run it again; finished runs are skipped (a finished workdir, or their record in the committed
 # docs/reproduction/table1.json), an interrupted run resumes from its latest checkpoint.

@@ -270,6 +270,16 @@ def test_a_finished_run_survives_a_rerun_without_its_workdir(data_dir, tmp_path,
   assert again == report and not os.path.exists(root)
 
 
+def test_only_picks_groups_by_substring_or_whole_name():
+  groups = ['~4M D=1 C=408', '~4M D=1 C=408 m=2', '~4M N=2 C=376', '~1M D=1 C=176']
+  pick = lambda *only: [g for g in groups if repro_registry.selected(g, only)]
+  assert pick() == groups
+  assert pick('~4M D=1') == groups[:2]
+  assert pick('~4M D=1 C=408$') == groups[:1]
+  assert pick('~4M D=1$') == []
+  assert pick('~4M D=1 C=408$', '~1M') == [groups[0], groups[3]]
+
+
 def test_runs_with_the_same_config_are_trained_once():
   # The ablations' `add` row is the k_min run of the same argument and workdir: trained once.
   scale = repro_studies.SCALES['cpu']

@@ -34,7 +34,8 @@ flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
 flags.DEFINE_bool('list', False, 'Print every run of --study (or of all studies) and exit.')
 flags.DEFINE_enum('scale', 'cpu', sorted(repro_studies.SCALES), 'Sizes and steps (tiny: tests).')
 flags.DEFINE_list('only', [], 'Train only the groups whose name contains one of these '
-                  "strings, e.g. --only='~1M' (the report still reads every finished run).")
+                  "strings, e.g. --only='~1M', or is one ending in $, e.g. --only='~4M N=2 C=376$' "
+                  '(the report still reads every finished run).')
 flags.DEFINE_multi_string('extra', [], 'Extra flags for every run, e.g. '
                           '--extra=--config.data.data_dir=/data (recorded in each command).')
 

@@ -72,7 +72,7 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
       if record is not None and (study.evaluate is None or 'post' in record):
         kept[run.name] = {**record, 'rerun': ' '.join(run.command(root))}
   if train:
-    chosen = [r for r in runs if (not only or any(o in r.group for o in only))
+    chosen = [r for r in runs if selected(r.group, only)
               and r.name in to_train and r.name not in kept]
     for run in sorted(chosen, key=lambda r: r.seed):  # stable: init_from runs stay first
       code = repro_lib.execute(run, root, extra)
@@ -115,6 +115,12 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
   repro_lib.write_results(name, records, docs, {'machine': _machine(), 'rerun': driver})
   repro_lib.replace_section(name, '\n'.join(body), docs)
   return '\n'.join(body)
+
+
+def selected(group: str, only: tuple) -> bool:
+  """Whether `--only` picks `group`: every group when empty, else a group containing one of the
+  strings, or named exactly by one ending in '$' ('~4M D=1 C=408$' leaves out '... m=2')."""
+  return not only or any(group == o[:-1] if o.endswith('$') else o in group for o in only)
 
 
 def _machine() -> str:
