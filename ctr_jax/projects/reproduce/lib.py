@@ -320,7 +320,8 @@ def compare(a: list[dict], b: list[dict], value, margin: float = EQUIVALENCE_MAR
   `verdict` (is a lower?): 'holds' when the 95% interval of the mean paired difference lies below
   zero, 'does not hold' when it lies above, otherwise 'inconclusive' (always so with one seed).
   `equivalence` (does a match b?): 'matches' when the interval lies within +-`margin` x b's mean,
-  'differs' when it lies wholly outside, otherwise 'inconclusive'.
+  'differs' when it lies wholly outside, otherwise 'inconclusive'. `reference`: b's mean over
+  the paired seeds, for a relative difference.
   """
   seeds = sorted({r['seed'] for r in a} & {r['seed'] for r in b})
   va = {r['seed']: value(r) for r in a}
@@ -329,17 +330,18 @@ def compare(a: list[dict], b: list[dict], value, margin: float = EQUIVALENCE_MAR
   if not deltas:
     return {'verdict': 'inconclusive', 'equivalence': 'inconclusive', 'n': 0,
             'delta_mean': math.nan, 'delta_std': math.nan, 'ci': (math.nan, math.nan),
-            'margin': math.nan}
+            'margin': math.nan, 'reference': math.nan}
   mean, std = mean_std(deltas)
   low, high = interval(deltas)
-  bound = margin * float(np.mean([vb[s] for s in seeds]))
+  reference = float(np.mean([vb[s] for s in seeds]))
+  bound = margin * reference
   verdict = equivalence = 'inconclusive'
   if len(deltas) > 1:
     verdict = 'holds' if high < 0 else 'does not hold' if low > 0 else 'inconclusive'
     equivalence = ('matches' if -bound <= low and high <= bound else
                    'differs' if high < -bound or low > bound else 'inconclusive')
   return {'verdict': verdict, 'equivalence': equivalence, 'n': len(deltas), 'delta_mean': mean,
-          'delta_std': std, 'ci': (low, high), 'margin': bound}
+          'delta_std': std, 'ci': (low, high), 'margin': bound, 'reference': reference}
 
 
 def ci_text(c: dict, digits: int = 2) -> str:

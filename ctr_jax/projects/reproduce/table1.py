@@ -340,8 +340,10 @@ def three_sentences(gaps: dict) -> list[str]:
   second = ('At equal training compute it is compared with a wider transformer (training FLOPs '
             'per token matched) and with the transformer trained longer (total training FLOPs '
             'matched) (' + ('; '.join(training) if training else 'not run yet') + ').')
-  moves = [f"{level} {g['inference']['delta_mean']:+.2f}" for level, g in gaps.items()
-           if 'inference' in g]
+  # PPL differs between levels, so the gap also as a fraction of the baseline's PPL.
+  moves = [f"{level} {g['inference']['delta_mean']:+.2f} "
+           f"({g['inference']['delta_mean'] / g['inference']['reference']:+.1%})"
+           for level, g in gaps.items() if 'inference' in g]
   longer = at('longer training')
   third = ('Across cost levels the inference-matched gap is ' + (
       ', '.join(moves) if len(moves) > 1 else f"measured at one level only ({moves[0]})"
