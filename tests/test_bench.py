@@ -41,11 +41,11 @@ def test_tiny_bench_writes_every_section(tmp_path):
 
 def test_bench_rejects_m_beyond_k():
   from configs.bench import tiny  # pylint: disable=g-import-not-at-top
-  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import validation  # pylint: disable=g-import-not-at-top
   config = tiny.get_config()
   config.train[2]['m'] = 3
   with pytest.raises(ValueError, match=r'bench.train\[2\].m: got 3'):
-    runner.validate(config)
+    validation.validate(config)
 
 
 def test_bad_bench_config_is_one_line(tmp_path):
@@ -84,17 +84,17 @@ def test_chunked_prefill_section_runs_at_toy_sizes(tmp_path):
 
 def test_bad_chunked_bench_fields_name_themselves():
   from configs.bench import prefill_cpu  # pylint: disable=g-import-not-at-top
-  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import validation  # pylint: disable=g-import-not-at-top
   for field, value in (('chunks', (0, 4)), ('passes', ()), ('tolerance', -1.0),
                        ('tolerance_passes', 0)):
     config = prefill_cpu.get_config('runlocal')
     config.chunked[field] = value
     with pytest.raises(ValueError, match=f'^bench.chunked.{field}: got'):
-      runner.validate(config)
+      validation.validate(config)
   config = prefill_cpu.get_config('runlocal')
   config.chunked.sizes = ('x5_c12',)
   with pytest.raises(ValueError, match='not a size name'):
-    runner.validate(config)
+    validation.validate(config)
 
 
 def test_peer_comparisons_are_paired_and_judged(monkeypatch):
@@ -217,9 +217,9 @@ def test_peer_bench_config_holds_the_peer_shape_row_and_its_goals():
   """configs/bench/peer_cpu.py (issue 20's goals alone) validates, times only the peer-shape
   row beside the peer, and writes its own section."""
   from configs.bench import peer_cpu  # pylint: disable=g-import-not-at-top
-  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import validation  # pylint: disable=g-import-not-at-top
   config = peer_cpu.get_config()
-  runner.validate(config)
+  validation.validate(config)
   assert [t['label'] for t in config.train] == [config.peer.matched_label]
   assert config.sections == 'train,generate' and config.name == 'peer_cpu'
   assert config.dtype == 'float32' and config.peer.enabled
@@ -229,9 +229,9 @@ def test_bf16_bench_config_validates_and_the_peer_follows_its_dtype():
   """configs/bench/cpu_bf16.py is a valid bench config in bfloat16; with torch installed the
   peer's training step and `generate` run under bf16 autocast (its products in bfloat16)."""
   from configs.bench import cpu_bf16  # pylint: disable=g-import-not-at-top
-  from ctr_jax.bench import peer, runner  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import peer, validation  # pylint: disable=g-import-not-at-top
   config = cpu_bf16.get_config()
-  runner.validate(config)
+  validation.validate(config)
   assert config.dtype == 'bfloat16' and config.peer.matched_label in {
       t['label'] for t in config.train}
   assert cpu_bf16.get_config('runlocal').dtype == 'bfloat16'
@@ -327,9 +327,9 @@ def test_gpu_bench_smoke_run_writes_its_json_and_section(tmp_path):
 
 def test_gpu_config_is_the_paper_setup_in_one_budget():
   from configs.bench import gpu  # pylint: disable=g-import-not-at-top
-  from ctr_jax.bench import runner  # pylint: disable=g-import-not-at-top
+  from ctr_jax.bench import validation  # pylint: disable=g-import-not-at-top
   config = gpu.get_config()
-  runner.validate(config)
+  validation.validate(config)
   assert config.dtype == 'bfloat16' and config.sections == 'decode,train,ttft'
   assert [(t['model']['name'], t['k'], t['batch'], t['seq_len']) for t in config.train] == [
       ('d5_c1120', 5, 64, 256), ('t12_c768', 0, 64, 256), ('t6_c1088', 0, 64, 256)]
@@ -340,7 +340,7 @@ def test_gpu_config_is_the_paper_setup_in_one_budget():
   assert sum(sections[s] for s in config.sections.split(',')) <= config.budget.total_s <= 420
   assert config.write_partial
   smoke = gpu.get_config('smoke')
-  runner.validate(smoke)
+  validation.validate(smoke)
   assert smoke.smoke and not smoke.output and smoke.budget.total_s == 0
   assert gpu.get_config('runlocal').smoke
 

@@ -124,8 +124,8 @@ def test_every_config_accepts_runlocal(path):
     config_lib.validate(config)
     assert config.total_steps <= 500
   elif 'sections' in config:  # a bench config
-    from ctr_jax.bench import runner
-    runner.validate(config)
+    from ctr_jax.bench import validation
+    validation.validate(config)
   else:  # an experiment script's config
     assert config == module.get_config()
 

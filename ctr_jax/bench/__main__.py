@@ -13,7 +13,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from ctr_jax import config_lib
-from ctr_jax.bench import report, runner
+from ctr_jax.bench import report, runner, validation
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', 'configs/bench/cpu.py', 'Bench config file.',
@@ -35,7 +35,7 @@ def main(argv):
   if output and config.write_partial:  # a run stopped from outside keeps what it measured
     progress = lambda partial: _write(output, config.name, partial)
   try:
-    runner.validate(config)
+    validation.validate(config)
     if output:
       _check_writable(output)
     results = runner.run(config, progress=progress)

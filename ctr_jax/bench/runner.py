@@ -20,77 +20,8 @@ import numpy as np
 from ctr_jax import models
 from ctr_jax.bench import budget as budget_lib
 from ctr_jax.bench import devices, peer, suite
+from ctr_jax.bench.validation import validate, with_dtype
 from ctr_jax.reporting import machine, timing
-
-SECTIONS = ('train', 'decode', 'generate', 'prefill', 'chunked', 'ttft', 'scaling')
-DTYPES = ('float32', 'bfloat16')
-
-
-def validate(config) -> None:
-  """Raises ValueError naming the first bad field."""
-  sections = [s for s in config.sections.split(',') if s]
-  bad = sorted(set(sections) - set(SECTIONS))
-  if bad or not sections:
-    raise ValueError(f'bench.sections: got {config.sections!r}, allowed a comma-separated '
-                     f'subset of {list(SECTIONS)}')
-  if config.dtype not in DTYPES:
-    raise ValueError(f'bench.dtype: got {config.dtype!r}, allowed {list(DTYPES)}')
-  for field in ('warmup', 'repeats'):
-    if config[field] < 1:
-      raise ValueError(f'bench.{field}: got {config[field]}, must be >= 1')
-  if 'decode' in sections and any(b < 1 for b in config.decode.batches):
-    raise ValueError(f'bench.decode.batches: got {list(config.decode.batches)}, each must be >= 1')
-  for i, entry in enumerate(config.train):
-    suite.model_config(_with_dtype(entry['model'], config.dtype))  # raises on a bad model field
-    k, m = entry.get('k', 0), entry.get('m', 0)
-    if m and not (entry['model'].get('kind') == 'context_ready' and 0 < m <= k):
-      raise ValueError(f'bench.train[{i}].m: got {m}, allowed 0 (all iterations) or 1..k={k} '
-                       'for a context-ready model')
-  if 'chunked' in sections:
-    _validate_chunked(config.chunked)
-  if 'ttft' in sections:
-    _validate_ttft(config.ttft)
-
-
-def _validate_ttft(t) -> None:
-  for field in ('models', 'prompt_lens'):
-    if not list(t[field]):
-      raise ValueError(f'bench.ttft.{field}: got an empty list, allowed a non-empty one')
-  if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in t.prompt_lens):
-    raise ValueError(f'bench.ttft.prompt_lens: got {list(t.prompt_lens)}, allowed ints >= 1')
-  for field in ('chunk', 'passes', 'warmup', 'repeats'):
-    if t[field] < 1:
-      raise ValueError(f'bench.ttft.{field}: got {t[field]}, must be >= 1')
-  if not t.tolerance >= 0:
-    raise ValueError(f'bench.ttft.tolerance: got {t.tolerance}, allowed >= 0')
-  for name in t.models:
-    kind = suite.model_config({'name': name, 'vocab_size': t.vocab_size}).kind
-    for method in t.methods[kind]:
-      if method not in suite.FIRST_TOKEN_METHODS[kind]:
-        raise ValueError(f'bench.ttft.methods.{kind}: got {method!r}, allowed '
-                         f'{list(suite.FIRST_TOKEN_METHODS[kind])}')
-
-
-def _validate_chunked(ch) -> None:
-  for field in ('sizes', 'chunks', 'passes'):
-    if not list(ch[field]):
-      raise ValueError(f'bench.chunked.{field}: got an empty list, allowed a non-empty one')
-  for field in ('chunks', 'passes'):
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in ch[field]):
-      raise ValueError(f'bench.chunked.{field}: got {list(ch[field])}, allowed ints >= 1')
-  if ch.tolerance_passes < 1:
-    raise ValueError(f'bench.chunked.tolerance_passes: got {ch.tolerance_passes}, must be >= 1')
-  if ch.prompt_len < 1:
-    raise ValueError(f'bench.chunked.prompt_len: got {ch.prompt_len}, must be >= 1')
-  if not ch.tolerance >= 0:
-    raise ValueError(f'bench.chunked.tolerance: got {ch.tolerance}, allowed >= 0 (0: no '
-                     'tolerance rows)')
-  for name in ch.sizes:
-    suite.model_config({'name': name, 'vocab_size': ch.vocab_size})  # raises on a bad size name
-
-
-def _with_dtype(fields: dict, dtype: str) -> dict:
-  return {'dtype': dtype, **dict(fields)}
 
 
 def _label(fields: dict) -> str:
@@ -186,7 +117,7 @@ def _train_section(ctx, section) -> None:
   est = config.estimates
   results['train'], matched_runner = [], None
   for entry in config.train:
-    fields = _with_dtype(entry['model'], config.dtype)
+    fields = with_dtype(entry['model'], config.dtype)
     label = entry.get('label') or _label(fields)
     k, m = entry.get('k', 0), entry.get('m', 0)
     shape = dict(seq_len=entry['seq_len'], batch=entry['batch'], k_unroll=k, grad_iterations=m)
@@ -265,7 +196,7 @@ def _decode_section(ctx, section) -> None:
       for batch in d.batches:
         if (name, batch) in by_key:
           continue
-        fields = _with_dtype({'name': name, 'vocab_size': d.vocab_size,
+        fields = with_dtype({'name': name, 'vocab_size': d.vocab_size,
                               'max_len': d.prompt_len + d.new_tokens + 1}, config.dtype)
         steps = 2 * (reps['warmup'] + reps['repeats']) * (d.new_tokens + 2)
         prior = est.decode_compile_s + steps * est.decode_step_ms / 1e3
@@ -295,7 +226,7 @@ def _decode_section(ctx, section) -> None:
                            if batch == 1 and crt in paper and transformer in paper else None})
   if d.matched_model:
     for batch in d.batches:
-      fields = _with_dtype(d.matched_model, config.dtype)
+      fields = with_dtype(d.matched_model, config.dtype)
       row = suite.decode_latency(fields, batch=batch, prompt_len=d.prompt_len,
                                  new_tokens=d.new_tokens, **reps)
       row.update(label=_label(fields) + ' (peer shape)', model=_label(fields), batch=batch,
@@ -324,7 +255,7 @@ def _generate_section(ctx, section) -> None:
 
 def _prefill_section(ctx, section) -> None:
   p = ctx.config.prefill
-  fields = _with_dtype(p.model, ctx.config.dtype)
+  fields = with_dtype(p.model, ctx.config.dtype)
   row = suite.prefill_comparison(fields, prompt_len=p.prompt_len, tolerance=p.tolerance,
                                  **ctx.reps)
   row.update(label=_label(fields), model=_label(fields), prompt_len=p.prompt_len,
@@ -352,7 +283,7 @@ def _ttft_section(ctx, section) -> None:
              if r.get('batch') == 1 and r.get('model')}
   for name in t.models:
     for prompt_len in t.prompt_lens:
-      fields = _with_dtype({'name': name, 'vocab_size': t.vocab_size,
+      fields = with_dtype({'name': name, 'vocab_size': t.vocab_size,
                             'max_len': prompt_len + 1}, config.dtype)
       cfg = suite.model_config(fields)
       step_s = step_ms.get(name, est.decode_step_ms) / 1e3
@@ -396,11 +327,11 @@ def _scaling_section(ctx, section) -> None:
   s, dtype, reps = ctx.config.scaling, ctx.config.dtype, ctx.reps
   results = ctx.results
   results['scaling'] = {'batch': s.batch}
-  train_fields = _with_dtype(s.train_model, dtype)
+  train_fields = with_dtype(s.train_model, dtype)
   results['scaling']['train_label'] = _label(train_fields)
   results['scaling']['train'] = suite.train_scaling(
       train_fields, batch=s.batch, seq_lens=list(s.seq_lens), k_values=list(s.k_values), **reps)
-  decode_fields = _with_dtype(s.decode_model, dtype)
+  decode_fields = with_dtype(s.decode_model, dtype)
   results['scaling']['decode_label'] = _label(decode_fields)
   results['scaling']['decode'] = suite.decode_scaling(
       decode_fields, contexts=list(s.contexts), new_tokens=s.new_tokens, **reps)
@@ -446,7 +377,7 @@ def _generate_row(config, batch, peer_missing, reps, log) -> dict:
   """`decode.generate` whole calls (and 1-token calls, for the marginal ms per token), in the
   same rounds as the peer's `generate` when it is installed."""
   g = config.generate
-  fields = _with_dtype(g.model, config.dtype)
+  fields = with_dtype(g.model, config.dtype)
   n = g.new_tokens
   ours, params = suite.generate_runner(fields, batch=batch, prompt_len=g.prompt_len)
   fns = {'ours': lambda: ours(n), 'ours_1': lambda: ours(1)}
@@ -485,12 +416,12 @@ def _chunked_rows(config, reps, log) -> list[dict]:
           'tolerance_passes': ch.tolerance_passes}
   entries = []
   for name in ch.sizes:
-    fields = _with_dtype({'name': name, 'vocab_size': ch.vocab_size,
+    fields = with_dtype({'name': name, 'vocab_size': ch.vocab_size,
                           'max_len': ch.prompt_len + 1}, config.dtype)
     entries.append((name, 'random', fields, None, ch.prompt_len))
   if ch.checkpoint:
     fields, params = suite.load_checkpoint(ch.checkpoint)
-    fields = _with_dtype(fields, config.dtype)
+    fields = with_dtype(fields, config.dtype)
     # A learned position table has no rows past max_len; RoPE models are cut there too, the
     # lengths the contraction was trained at.
     entries.append((f'{_label(fields)} ({ch.checkpoint})', 'trained', fields, params,
