@@ -308,3 +308,18 @@ def test_unroll_diagnostics_report_contraction():
   flat = diagnostics.unroll_diagnostics(models.build(crt_cfg), converted,
                                         random_tokens(18, crt_cfg.vocab_size, 2, 5), k_unroll=4)
   assert flat['change_max'] == [0.0] * 4 and flat['error_bound'] == 0.0
+
+
+@pytest.mark.parametrize('seed', range(2))
+@pytest.mark.parametrize('kind', ['context_ready', 'transformer'])
+def test_decode_state_holds_two_c_per_layer_per_token(seed, kind):
+  # Claim 10b: the KV cache grows by 2 x C x depth values per token (keys and values of every
+  # layer); a context-ready model's recurrent state adds one C-vector, the same at any length.
+  cfg, model, variables, tokens = random_model(seed, kind=kind)
+  batch, prompt_len = tokens.shape
+  for length in (prompt_len, 2 * prompt_len + 3):
+    _, state = decode.prefill(model, variables, tokens, length)
+    cached = sum(c['k'].size + c['v'].size for c in state.caches)
+    assert cached == 2 * cfg.width * cfg.depth * batch * length
+    if kind == 'context_ready':  # the z cache
+      assert state.feedback.shape == (batch, cfg.width)
