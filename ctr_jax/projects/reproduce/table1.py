@@ -341,15 +341,14 @@ def three_sentences(gaps: dict) -> list[str]:
             'per token matched) and with the transformer trained longer (total training FLOPs '
             'matched) (' + ('; '.join(training) if training else 'not run yet') + ').')
   # PPL differs between levels, so the gap also as a fraction of the baseline's PPL.
-  moves = [f"{level} {g['inference']['delta_mean']:+.2f} "
-           f"({g['inference']['delta_mean'] / g['inference']['reference']:+.1%})"
+  moves = [f"{level} {g['inference']['delta_mean']:+.2f} PPL "
+           f"({g['inference']['delta_mean'] / g['inference']['reference']:+.1%} of the baseline's)"
            for level, g in gaps.items() if 'inference' in g]
   longer = at('longer training')
   third = ('Across cost levels the inference-matched gap is ' + (
-      ', '.join(moves) if len(moves) > 1 else f"measured at one level only ({moves[0]})"
-      if moves else 'not measured yet') + ' PPL; after '
-      f'{TABLE1_LONGER}x the steps it is ' + ('; '.join(longer) if longer else 'not run yet')
-      + '.')
+      ', '.join(moves) if len(moves) > 1 else f'measured at one level only: {moves[0]}'
+      if moves else 'not measured yet') + f'; after {TABLE1_LONGER}x the steps it is '
+      + ('; '.join(longer) if longer else 'not run yet') + '.')
   return [first, second, third]
 
 
