@@ -188,6 +188,28 @@ def test_k_min_study_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
     assert len(f.readlines()) == 1
 
 
+def test_table1_longer_training_figure_only_once_its_runs_exist(tmp_path):
+  scale = repro_studies.SCALES['cpu']
+  rows = {r['group']: r for r in repro_table1.table1_rows(scale)}
+  longer = [g for g, r in rows.items() if r['matching'] == 'longer training']
+  assert [rows[g]['shorter'] for g in longer] == ['~1M D=1 C=176', '~1M N=2 C=160']
+
+  def records(groups):
+    return [{**_committed(Run('table1', g, s, rows[g]['arg']), 'c', ppl=30.0 + s + k),
+             'num_params': 1, 'evals': [{'step': t, 'val_loss': math.log(60.0 - t / 100 + k)}
+                                        for t in (200, 400)]}
+            for k, g in enumerate(groups) for s in range(2)]
+  figure = str(tmp_path / 'table1.png')
+  lines, _ = repro_table1.table1_report(records(['~1M D=1 C=176', '~1M N=2 C=160']), scale,
+                                        figure)
+  assert not os.path.exists(str(tmp_path / 'table1_longer.png'))
+  assert not any('longer training' in line for line in lines if line.startswith('!['))
+  lines, _ = repro_table1.table1_report(records(['~1M D=1 C=176', '~1M N=2 C=160', *longer]),
+                                        scale, figure)
+  assert os.path.getsize(str(tmp_path / 'table1_longer.png')) > 0
+  assert '![table1 longer training](reproduction/table1_longer.png)' in lines
+
+
 def _committed(run, command, ppl=30.0):
   """A finished run's record as docs/reproduction/NAME.json holds it (the fields reports read)."""
   return {'study': run.study, 'group': run.group, 'seed': run.seed, 'name': run.name,

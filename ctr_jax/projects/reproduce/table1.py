@@ -4,11 +4,8 @@ the scale's `compute_matched` levels also against baselines matched in training 
 runs, its report and its figures."""
 
 import dataclasses
-import math
 import os
 
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
 
 from ctr_jax.models import flop_match
@@ -22,6 +19,12 @@ from ctr_jax.projects.reproduce.studies import (
   outcome_words,
   recipe_arg,
   size_name,
+)
+from ctr_jax.projects.reproduce.table1_figures import (
+  crossover_step,
+  plot_curves,
+  plot_gaps,
+  plot_longer,
 )
 
 # ------------------------------------------------------------------------------------------------
@@ -141,7 +144,7 @@ def table1_rows(scale: Scale) -> list[dict]:
                                           'flops_per_token', 'target_flops_per_token', 'ratio',
                                           'matched')},
                      'matching': 'longer training', 'group': f"{m['group']} {steps} steps",
-                     'arg': arg, **training_compute(arg)})
+                     'shorter': m['group'], 'arg': arg, **training_compute(arg)})
     for r in rows:
       if r['level'] == level:
         r['training_flop_ratio'] = r['training_flops_per_token'] / crt['training_flops_per_token']
@@ -155,7 +158,7 @@ def table1_runs(scale, seeds):
     if not m['matched']:
       continue  # reported as unmatched in the table; never trained
     # The run's info: the inference-matched rows' fields as before, plus the training compute.
-    info = {k: v for k, v in m.items() if k not in ('arg', 'group', 'steps')}
+    info = {k: v for k, v in m.items() if k not in ('arg', 'group', 'steps', 'shorter')}
     for seed in range(seeds):
       runs.append(Run('table1', m['group'], seed, m['arg'], info=tuple(sorted(info.items()))))
   return runs
@@ -274,11 +277,19 @@ def table1_report(records, scale, figure):
   gaps = gap_summary(records, scale)
   lines[:0] = ['**In three sentences.** ' + ' '.join(three_sentences(gaps)), '']
   if figure:
-    _plot_curves(records, scale, figure)
+    inference = {m['group'] for m in rows if m['matching'] == 'inference'}
+    plot_curves(records, scale, inference, figure)
     lines.append(f'![table1 curves](reproduction/{os.path.basename(figure)})')
     gap_figure = figure.replace('.png', '_gap.png')
-    _plot_gaps(gaps, scale, gap_figure)
+    plot_gaps(gaps, scale, gap_figure)
     lines += ['', f'![table1 gap](reproduction/{os.path.basename(gap_figure)})']
+    longer = [m for m in rows if m['matching'] == 'longer training']
+    if any(m['group'] in groups for m in longer):
+      # Item 4's figure: the pair at the scale's steps and at TABLE1_LONGER x, on one axis.
+      pairs = [tuple(m['shorter'] for m in longer), tuple(m['group'] for m in longer)]
+      longer_figure = figure.replace('.png', '_longer.png')
+      plot_longer(records, pairs, longer_figure)
+      lines += ['', f'![table1 longer training](reproduction/{os.path.basename(longer_figure)})']
   return lines, verdicts
 
 
@@ -350,92 +361,3 @@ def three_sentences(gaps: dict) -> list[str]:
       if moves else 'not measured yet') + f'; after {TABLE1_LONGER}x the steps it is '
       + ('; '.join(longer) if longer else 'not run yet') + '.')
   return [first, second, third]
-
-
-def _plot_gaps(gaps: dict, scale: Scale, path: str) -> None:
-  """The D = 1 CRT's PPL gap against FLOPs per token, one series per kind of matching, with
-  95% intervals (a point without a bar: one seed)."""
-  matplotlib.use('Agg')
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for k, (matching, marker) in enumerate((('inference', 'o'), ('training FLOPs/token', 's'),
-                                          ('total training FLOPs', '^'),
-                                          ('longer training', 'D'))):
-    points = [(g['flops_per_token'] * (1 + 0.04 * k), g[matching]) for g in gaps.values()
-              if matching in g]
-    if not points:
-      continue
-    x = [p[0] for p in points]
-    y = [p[1]['delta_mean'] for p in points]
-    err = [[0 if np.isnan(p[1]['ci'][0]) else p[1]['delta_mean'] - p[1]['ci'][0] for p in points],
-           [0 if np.isnan(p[1]['ci'][1]) else p[1]['ci'][1] - p[1]['delta_mean'] for p in points]]
-    ax.errorbar(x, y, yerr=err, fmt=marker + '-', capsize=3, label=f'matched in {matching}')
-  ax.axhline(0, color='gray', lw=0.8)
-  ax.set_xscale('log')
-  # Every level of the scale on the axis, run or not, named as in the tables.
-  targets = [lv.flops_per_token for lv in scale.levels]
-  ax.set_xlim(min(targets) / 1.6, max(targets) * 1.6)
-  ax.set_xticks(targets, [f'{lv.name}\n{lv.flops_per_token:,}' for lv in scale.levels])
-  ax.minorticks_off()
-  ax.set_xlabel('inference FLOPs per token (level)')
-  ax.set_ylabel('PPL gap, D = 1 CRT minus baseline')
-  ax.set_title('the CRT\'s gap with 95% intervals over seeds')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-
-
-def crossover_step(crt: list[dict], baseline: list[dict]) -> int | None:
-  """The first evaluation step from which the CRT's mean validation loss (parallel) stays below
-  the baseline's; None if it never does (or is below from the start... that is step 1's)."""
-  def curve(rs):
-    steps = sorted({e['step'] for r in rs for e in r['evals']})
-    return {s: np.mean([e['val_loss'] for r in rs for e in r['evals'] if e['step'] == s])
-            for s in steps}
-  a, b = curve(crt), curve(baseline)
-  steps = sorted(set(a) & set(b))
-  below = [a[s] < b[s] for s in steps]
-  for i, s in enumerate(steps):
-    if all(below[i:]):
-      return s
-  return None
-
-
-def _plot_curves(records, scale, path):
-  matplotlib.use('Agg')
-  groups = repro_lib.by_group(records)
-  inference = {m['group'] for m in table1_rows(scale) if m['matching'] == 'inference'}
-  # Levels with no finished run get no panel (the table says "not run yet").
-  levels = [lv.name for lv in scale.levels
-            if any(g.startswith(f'{lv.name} ') for g in groups)] or [scale.levels[0].name]
-  fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4), squeeze=False)
-  for ax, level in zip(axes[0], levels):
-    mine = {g: rs for g, rs in groups.items() if g.startswith(f'{level} ')}
-    for g, rs in sorted(mine.items()):
-      steps = sorted({e['step'] for r in rs for e in r['evals']})
-      ppl = [np.mean([math.exp(e['val_loss']) for r in rs for e in r['evals']
-                      if e['step'] == s]) for s in steps]
-      style = ('-' if ' D=' in g else '--') if g in inference else ':'
-      ax.plot(steps, ppl, style, marker='o' if g in inference else 's', ms=3,
-              label=g.split(' ', 1)[1])
-    crts = [g for g in mine if ' D=' in g and g in inference]
-    ts = [g for g in mine if ' N=' in g and g in inference]
-    if crts and ts:
-      best = lambda gs: min(gs, key=lambda g: np.mean([repro_lib.final_ppl(r) for r in mine[g]]))
-      step = crossover_step(mine[best(crts)], mine[best(ts)])
-      first = min(e['step'] for r in mine[best(crts)] for e in r['evals'])
-      if step is not None and step > first:
-        ax.axvline(step, color='gray', ls=':', label=f'crossover (best CRT vs best N) {step}')
-      elif step is not None:
-        ax.text(0.02, 0.03, f'best CRT below best N from the first evaluation (step {first}) on',
-                transform=ax.transAxes, fontsize=7, color='gray')
-    ax.set_title(f'cost level {level} FLOPs/token')
-    ax.set_xlabel('step')
-    ax.set_ylabel('validation PPL (parallel K; mean over seeds)')
-    ax.set_yscale('log')
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
