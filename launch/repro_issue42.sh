@@ -5,9 +5,9 @@
 #
 #   nohup taskset -c 1 bash launch/repro_issue42.sh > run_item1.log 2>&1 &
 #
-# Arguments, if any, replace the list below (two lanes on two cores, one committing):
-#   nohup taskset -c 1 bash launch/repro_issue42.sh '3:~1M D=2' '3:~1M D=3' > lane_a.log 2>&1 &
-#   COMMIT=0 nohup taskset -c 0 bash launch/repro_issue42.sh '3:~0.25M' > lane_b.log 2>&1 &
+# Arguments, if any, replace the list below; JOBS=N trains N runs at a time (--jobs: on a CPU
+# each on its share of the cores, on a GPU sharing it):
+#   JOBS=2 nohup bash launch/repro_issue42.sh '3:~0.25M' '3:3600 steps' > run.log 2>&1 &
 #
 # One call of python -m ctr_jax.projects.reproduce per entry, in this order, each training the
 # missing seeds of the groups whose name contains GROUP (SEEDS:GROUP for table1,
@@ -38,8 +38,9 @@ for item in "${ONLY[@]}"; do
   seeds=${item%%:*} only=${item#*:} study=table1
   if [[ $only == *@* ]]; then study=${only#*@} only=${only%@*}; fi
   OUTPUTS=(docs/reproduction/$study.json docs/reproduction/$study*.png docs/reproduction.md)
-  echo "=== $(date -u +%FT%TZ) python -m ctr_jax.projects.reproduce --study=$study --seeds=$seeds --only='$only'"
-  "$PYTHON" -m ctr_jax.projects.reproduce --study="$study" --seeds="$seeds" ${only:+--only="$only"}
+  echo "=== $(date -u +%FT%TZ) python -m ctr_jax.projects.reproduce --study=$study --seeds=$seeds --jobs=${JOBS:-1} --only='$only'"
+  "$PYTHON" -m ctr_jax.projects.reproduce --study="$study" --seeds="$seeds" --jobs="${JOBS:-1}" \
+    ${only:+--only="$only"}
   echo "=== $(date -u +%FT%TZ) exit code $?"
   if [ "$COMMIT" = 1 ] && ! git diff --quiet -- "${OUTPUTS[@]}"; then
     git add -- "${OUTPUTS[@]}"

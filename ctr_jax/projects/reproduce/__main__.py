@@ -3,6 +3,7 @@
   python -m ctr_jax.projects.reproduce --study=table1 --seeds=3    # train what is missing, then report
   python -m ctr_jax.projects.reproduce --study=k_min --seeds=3
   python -m ctr_jax.projects.reproduce --study=table1 --report_only # re-read finished runs only
+  python -m ctr_jax.projects.reproduce --study=table1 --jobs=2     # two runs at a time
   python -m ctr_jax.projects.reproduce --list                       # every study's runs and commands
 
 Studies: table1, seq_vs_parallel, k_eval, k_min, conversion, width, ablations and, beyond the
@@ -18,6 +19,7 @@ training tokens per run) is stated in each section.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 
@@ -36,6 +38,8 @@ flags.DEFINE_enum('scale', 'cpu', sorted(repro_studies.SCALES), 'Sizes and steps
 flags.DEFINE_list('only', [], 'Train only the groups whose name contains one of these '
                   "strings, e.g. --only='~1M', or is one ending in $, e.g. --only='~4M N=2 C=376$' "
                   '(the report still reads every finished run).')
+flags.DEFINE_integer('jobs', 1, 'Runs trained at once (>= 1): on a CPU each pinned to its share '
+                     "of the cores, on a GPU sharing it (each run's output then in <workdir>.log).")
 flags.DEFINE_multi_string('extra', [], 'Extra flags for every run, e.g. '
                           '--extra=--config.data.data_dir=/data (recorded in each command).')
 
@@ -47,19 +51,34 @@ def main(argv):
   names = [FLAGS.study] if FLAGS.study else sorted(repro_registry.STUDIES)
   for name in names:
     if name not in repro_registry.STUDIES:
-      raise app.UsageError(f'--study={name!r}: allowed {sorted(repro_registry.STUDIES)}')
+      refuse(f'--study={name!r}: allowed {sorted(repro_registry.STUDIES)}')
+  if FLAGS.jobs < 1:
+    refuse(f'--jobs={FLAGS.jobs}: allowed 1 or more')
   if FLAGS.list:
     for name in names:
       for run in repro_registry.STUDIES[name].runs(scale, FLAGS.seeds):
         print(' '.join(run.command(FLAGS.root, tuple(FLAGS.extra))))
     return
   if not FLAGS.study:
-    raise app.UsageError('--study is required (or --list)')
+    refuse('--study is required (or --list)')
   report = repro_registry.run_study(FLAGS.study, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
                                     tuple(FLAGS.extra), train=not FLAGS.report_only,
-                                    only=tuple(FLAGS.only))
+                                    only=tuple(FLAGS.only), jobs=FLAGS.jobs)
   print(report)
 
 
+def refuse(message: str):
+  """Bad input: one line, exit code 2, nothing run or written."""
+  print(f'reproduce: error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def parse_flags(argv):
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:  # an unknown flag, a value of the wrong type or outside an enum
+    refuse(str(e).splitlines()[0])
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

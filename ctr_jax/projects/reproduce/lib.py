@@ -12,6 +12,7 @@ session, the committed docs/reproduction/NAME.json does: a run without a finishe
 record there is the same run (`committed_record`) counts as finished and keeps that record.
 """
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -103,11 +104,12 @@ def latest_checkpoint(workdir: str) -> int | None:
   return max(steps) if steps else None
 
 
-def execute(run: Run, root: str, extra: tuple = ()) -> int:
-  """Trains (or resumes) `run` unless it has finished; returns the trainer's exit code."""
+def execute(run: Run, root: str, extra: tuple = (), **launch) -> int:
+  """Trains (or resumes) `run` unless it has finished; returns the trainer's exit code.
+  `launch`: execute_logged's cpus, log and env."""
   if finished(run, root):
     return 0
-  return execute_logged(run.command(root, extra), run.workdir(root))
+  return execute_logged(run.command(root, extra), run.workdir(root), **launch)
 
 
 def host() -> str:
@@ -117,7 +119,8 @@ def host() -> str:
   return f'{cpu_name.cpu_name()}, {os.cpu_count()} logical cores' + (f', {gpus}' if gpus else '')
 
 
-def execute_logged(command: list[str], workdir: str) -> int:
+def execute_logged(command: list[str], workdir: str, cpus: tuple = (), log: str = '',
+                   env: dict | None = None) -> int:
   """Runs `python -m ctr_jax.main ...` (command[0] is shown as 'python', run with this
   interpreter) from the repository root and records the launch in the workdir's ledger.
 
@@ -127,13 +130,25 @@ def execute_logged(command: list[str], workdir: str) -> int:
   completed by it, not by its place: a second launch on a workdir that is in use appends its
   own line (and fails on the trainer's lock) while the first still runs, and each completes
   its own.
+
+  `cpus`: pin the trainer to these CPUs (set as it starts, before JAX makes its threads);
+  `log`: append its output to this file instead of this process's; `env`: added to its
+  environment (none of them part of the command: they change where it runs, not what).
   """
   resumed_from = latest_checkpoint(workdir)
-  print('+', ' '.join(command), flush=True)
+  print('+', ' '.join(command) + (f'  >> {shown(log)}' if log else ''), flush=True)
   start = time.time()
   entry = {'command': ' '.join(command), 'resumed_from_step': resumed_from, 'exit_code': None,
            'seconds': None, 'machine': host(), 'launch': f'{os.getpid()}-{time.time_ns()}'}
-  process = subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT)
+  with open(log, 'ab') if log else contextlib.nullcontext() as output:  # the child keeps a copy
+    process = subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT, stdout=output,
+                               stderr=subprocess.STDOUT if output else None,
+                               env={**os.environ, **env} if env else None)
+  if cpus and hasattr(os, 'sched_setaffinity'):
+    try:
+      os.sched_setaffinity(process.pid, cpus)
+    except ProcessLookupError:  # it has already exited; wait() below reports how
+      pass
   while process.poll() is None and not os.path.isdir(workdir):  # the trainer creates it
     time.sleep(0.2)
   recorded = os.path.isdir(workdir)

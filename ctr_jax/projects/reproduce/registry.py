@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 from ctr_jax.projects.reproduce import evaluated as repro_evaluated
+from ctr_jax.projects.reproduce import jobs as repro_jobs
 from ctr_jax.projects.reproduce import lib as repro_lib
 from ctr_jax.projects.reproduce import studies as repro_studies
 from ctr_jax.projects.reproduce import table1 as repro_table1
@@ -49,13 +50,14 @@ STUDIES = {
 
 
 def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(),
-              train: bool = True, only: tuple = ()) -> str:
+              train: bool = True, only: tuple = (), jobs: int = 1) -> str:
   """Trains the study's missing runs (unless `train` is False), then writes its json and its
   section of docs/reproduction.md; returns the section.
 
   Training goes seed by seed (every group's seed 0 first), so a study stopped early still has
   one run of each group to compare. `only`: train just the groups whose name contains one of
-  these strings (the report still reads every finished run)."""
+  these strings (the report still reads every finished run). `jobs`: runs trained at once
+  (repro_jobs.run_all)."""
   study = STUDIES[name]
   # Workdirs do not outlive a session, the json does: a run without a finished workdir whose
   # record there is the same run (repro_lib.committed_record) is finished, kept, not retrained.
@@ -74,10 +76,8 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
   if train:
     chosen = [r for r in runs if selected(r.group, only)
               and r.name in to_train and r.name not in kept]
-    for run in sorted(chosen, key=lambda r: r.seed):  # stable: init_from runs stay first
-      code = repro_lib.execute(run, root, extra)
-      if code:
-        print(f'reproduce: {run.name} exited with {code}; continuing with the others')
+    # Seed by seed (stable: a run stays after the one it is initialised from).
+    repro_jobs.run_all(sorted(chosen, key=lambda r: r.seed), root, extra, jobs)
   if kept:
     print(f'reproduce: {len(kept)} run(s) finished in docs/reproduction/{name}.json without a '
           f'finished workdir, kept and not retrained: {", ".join(sorted(kept))}')
