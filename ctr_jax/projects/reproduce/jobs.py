@@ -63,6 +63,10 @@ def run_all(runs: list[Run], root: str, extra: tuple = (), jobs: int = 1) -> dic
     while pending or active:
       for slot in (s for s in range(jobs) if s not in active):
         ready = next((r for r in pending if not waits(r)), None)
+        while ready is not None and repro_lib.finished(ready, root):  # nothing to launch
+          pending.remove(ready)
+          codes[ready.name] = 0
+          ready = next((r for r in pending if not waits(r)), None)
         if ready is None:
           break
         pending.remove(ready)
@@ -70,8 +74,10 @@ def run_all(runs: list[Run], root: str, extra: tuple = (), jobs: int = 1) -> dic
           os.makedirs(os.path.dirname(ready.workdir(root)), exist_ok=True)
         options = launch_options(slot, jobs, shares, ready, root)
         active[slot] = (ready, pool.submit(repro_lib.execute, ready, root, extra, **options))
-      if not active:  # every pending run waits on one that is neither pending nor running
-        raise RuntimeError(f'reproduce: runs wait on runs that never start: {pending}')
+      if not active:
+        if pending:  # every pending run waits on one that is neither pending nor running
+          raise RuntimeError(f'reproduce: runs wait on runs that never start: {pending}')
+        break
       done, _ = concurrent.futures.wait([f for _, f in active.values()],
                                         return_when=concurrent.futures.FIRST_COMPLETED)
       for slot, (run, future) in list(active.items()):
