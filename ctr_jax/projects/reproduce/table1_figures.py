@@ -40,32 +40,42 @@ def _finish(fig, ax, path: str, legend_size: int = 7) -> None:
 
 def plot_gaps(gaps: dict, scale: Scale, path: str) -> None:
   """The D = 1 CRT's PPL gap against FLOPs per token, one series per kind of matching, with
-  95% intervals (a point without a bar: one seed)."""
+  95% intervals (a point without a bar: one seed); left in PPL, right as a fraction of the
+  baseline's PPL (PPL differs between levels)."""
   matplotlib.use('Agg')
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for k, (matching, marker) in enumerate((('inference', 'o'), ('training FLOPs/token', 's'),
-                                          ('total training FLOPs', '^'),
-                                          ('longer training', 'D'))):
-    points = [(g['flops_per_token'] * (1 + 0.04 * k), g[matching]) for g in gaps.values()
-              if matching in g]
-    if not points:
-      continue
-    x = [p[0] for p in points]
-    y = [p[1]['delta_mean'] for p in points]
-    err = [[0 if np.isnan(p[1]['ci'][0]) else p[1]['delta_mean'] - p[1]['ci'][0] for p in points],
-           [0 if np.isnan(p[1]['ci'][1]) else p[1]['ci'][1] - p[1]['delta_mean'] for p in points]]
-    ax.errorbar(x, y, yerr=err, fmt=marker + '-', capsize=3, label=f'matched in {matching}')
-  ax.axhline(0, color='gray', lw=0.8)
-  ax.set_xscale('log')
-  # Every level of the scale on the axis, run or not, named as in the tables.
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   targets = [lv.flops_per_token for lv in scale.levels]
-  ax.set_xlim(min(targets) / 1.6, max(targets) * 1.6)
-  ax.set_xticks(targets, [f'{lv.name}\n{lv.flops_per_token:,}' for lv in scale.levels])
-  ax.minorticks_off()
-  ax.set_xlabel('inference FLOPs per token (level)')
-  ax.set_ylabel('PPL gap, D = 1 CRT minus baseline')
-  ax.set_title('the CRT\'s gap with 95% intervals over seeds')
-  _finish(fig, ax, path)
+  for ax, relative in zip(axes, (False, True)):
+    for k, (matching, marker) in enumerate((('inference', 'o'), ('training FLOPs/token', 's'),
+                                            ('total training FLOPs', '^'),
+                                            ('longer training', 'D'))):
+      points = [(g['flops_per_token'] * (1 + 0.04 * k), g[matching]) for g in gaps.values()
+                if matching in g]
+      if not points:
+        continue
+      unit = [100 / p[1]['reference'] if relative else 1.0 for p in points]
+      y = [p[1]['delta_mean'] * u for p, u in zip(points, unit)]
+      low = [0 if np.isnan(p[1]['ci'][0]) else (p[1]['delta_mean'] - p[1]['ci'][0]) * u
+             for p, u in zip(points, unit)]
+      high = [0 if np.isnan(p[1]['ci'][1]) else (p[1]['ci'][1] - p[1]['delta_mean']) * u
+              for p, u in zip(points, unit)]
+      ax.errorbar([p[0] for p in points], y, yerr=[low, high], fmt=marker + '-', capsize=3,
+                  label=f'matched in {matching}')
+    ax.axhline(0, color='gray', lw=0.8)
+    ax.set_xscale('log')
+    # Every level of the scale on the axis, run or not, named as in the tables.
+    ax.set_xlim(min(targets) / 1.6, max(targets) * 1.6)
+    ax.set_xticks(targets, [f'{lv.name}\n{lv.flops_per_token:,}' for lv in scale.levels])
+    ax.minorticks_off()
+    ax.set_xlabel('inference FLOPs per token (level)')
+    ax.set_ylabel('% of the baseline\'s PPL' if relative else 'PPL, D = 1 CRT minus baseline')
+    ax.set_title(('relative gap' if relative else 'the CRT\'s PPL gap')
+                 + ', 95% intervals over seeds')
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
 
 
 def plot_curves(records: list[dict], scale: Scale, inference: set[str], path: str) -> None:
