@@ -54,24 +54,26 @@ def run_all(runs: list[Run], root: str, extra: tuple = (), jobs: int = 1) -> dic
   shares = cpu_shares(jobs)
   pending, active, codes = list(runs), {}, {}
 
-  def waits(run: Run) -> bool:  # on a source run not ended yet
-    source = run.init_from
-    return source is not None and any(source.name == r.name and source.study == r.study
-                                      for r in pending + [a for a, _ in active.values()])
+  def next_ready() -> Run | None:
+    """The first pending run whose source (if any) has ended, taken off `pending`; a finished
+    run on the way is taken off too, with nothing to launch."""
+    unended = {r.workdir(root) for r in pending} | {r.workdir(root) for r, _ in active.values()}
+    for run in list(pending):
+      if run.init_from is not None and run.init_from.workdir(root) in unended:
+        continue
+      pending.remove(run)
+      if not repro_lib.finished(run, root):
+        return run
+      codes[run.name] = 0
+      unended.discard(run.workdir(root))
+    return None
 
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
     while pending or active:
       for slot in (s for s in range(jobs) if s not in active):
-        ready = next((r for r in pending if not waits(r)), None)
-        while ready is not None and repro_lib.finished(ready, root):  # nothing to launch
-          pending.remove(ready)
-          codes[ready.name] = 0
-          ready = next((r for r in pending if not waits(r)), None)
+        ready = next_ready()
         if ready is None:
           break
-        pending.remove(ready)
-        if jobs > 1:
-          os.makedirs(os.path.dirname(ready.workdir(root)), exist_ok=True)
         options = launch_options(slot, jobs, shares, ready, root)
         active[slot] = (ready, pool.submit(repro_lib.execute, ready, root, extra, **options))
       if not active:

@@ -105,10 +105,8 @@ def latest_checkpoint(workdir: str) -> int | None:
 
 
 def execute(run: Run, root: str, extra: tuple = (), **launch) -> int:
-  """Trains (or resumes) `run` unless it has finished; returns the trainer's exit code.
-  `launch`: execute_logged's cpus, log and env."""
-  if finished(run, root):
-    return 0
+  """Trains (or resumes) `run` (repro_jobs.run_all skips finished ones); returns the trainer's
+  exit code. `launch`: execute_logged's cpus, log and env."""
   return execute_logged(run.command(root, extra), run.workdir(root), **launch)
 
 
@@ -140,6 +138,8 @@ def execute_logged(command: list[str], workdir: str, cpus: tuple = (), log: str 
   start = time.time()
   entry = {'command': ' '.join(command), 'resumed_from_step': resumed_from, 'exit_code': None,
            'seconds': None, 'machine': host(), 'launch': f'{os.getpid()}-{time.time_ns()}'}
+  if log:
+    os.makedirs(os.path.dirname(log), exist_ok=True)
   with open(log, 'ab') if log else contextlib.nullcontext() as output:  # the child keeps a copy
     process = subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT, stdout=output,
                                stderr=subprocess.STDOUT if output else None,
