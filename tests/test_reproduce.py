@@ -4,6 +4,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -381,3 +383,36 @@ def test_two_launches_on_one_workdir_each_complete_their_own_ledger_line(tmp_pat
       (f'python -c {first}'.split('\n')[0][:30], 0), ('python -c raise SystemExit(3)', 3)]
   assert all(l['seconds'] is not None for l in lines)
   assert len({l['launch'] for l in lines}) == 2
+
+
+def test_status_says_where_each_run_stands_and_trains_nothing(tmp_path):
+  """`--status`: finished (workdir or kept from the json), at its latest checkpoint, started,
+  not started; `--only` narrows it; the last line is the command that trains the rest."""
+  scale = repro_studies.SCALES['tiny']
+  root, docs = tmp_path / 'runs', tmp_path / 'docs'
+  runs = {r.group: r for r in repro_studies.k_min_runs(scale, 1)}
+  done, kept, partial = runs['K=5 k_min=2'], runs['K=2 fixed'], runs['K=5 fixed']
+  for run, files in ((done, {'summary.json': {'step': 4}}), (partial, {})):
+    workdir = root / 'k_min' / run.name
+    os.makedirs(workdir / 'checkpoints' / '2')
+    for name, value in {'config.json': {'total_steps': 4}, **files}.items():
+      (workdir / name).write_text(json.dumps(value))
+  os.makedirs(docs / 'reproduction')
+  record = _committed(kept, ' '.join(kept.command(str(root))))
+  (docs / 'reproduction' / 'k_min.json').write_text(json.dumps({'runs': [record]}))
+  status = lambda *args: subprocess.run(
+      [sys.executable, '-m', 'ctr_jax.projects.reproduce', '--status', '--study=k_min',
+       '--scale=tiny', '--seeds=2', f'--root={root}', f'--docs={docs}', *args],
+      capture_output=True, text=True, cwd=ROOT, timeout=120, check=True).stdout.splitlines()
+  lines = status()
+  assert lines[0] == 'k_min: 2/6 runs finished'
+  states = {line[32:].strip(): line[:32].strip() for line in lines[1:-1]}
+  assert states == {'K=5 k_min=2 (seed 0)': 'finished', 'K=5 k_min=2 (seed 1)': 'not started',
+                    'K=2 fixed (seed 0)': 'finished (kept from the json)',
+                    'K=2 fixed (seed 1)': 'not started', 'K=5 fixed (seed 0)': 'at step 2 of 4',
+                    'K=5 fixed (seed 1)': 'not started'}
+  assert lines[-1].strip() == 'the rest: python -m ctr_jax.projects.reproduce --study=k_min --seeds=2'
+  only = status("--only=K=5 fixed")
+  assert len(only) == 4 and only[-1].endswith("--seeds=2 --only='K=5 fixed'")
+  assert sorted(os.listdir(root / 'k_min')) == sorted([done.name, partial.name])
+  assert os.listdir(docs / 'reproduction') == ['k_min.json']

@@ -5,6 +5,7 @@
   python -m ctr_jax.projects.reproduce --study=table1 --report_only # re-read finished runs only
   python -m ctr_jax.projects.reproduce --study=table1 --jobs=2     # two runs at a time
   python -m ctr_jax.projects.reproduce --list                       # every study's runs and commands
+  python -m ctr_jax.projects.reproduce --status --study=table1      # finished, at step S of N, not started
 
 Studies: table1, seq_vs_parallel, k_eval, k_min, conversion, width, ablations and, beyond the
 paper, grad_iterations (backpropagating through the last m of K iterations only).
@@ -34,6 +35,8 @@ flags.DEFINE_string('root', os.path.join(repro_lib.ROOT, 'workdirs', 'repro'), '
 flags.DEFINE_string('docs', os.path.join(repro_lib.ROOT, 'docs'), 'Where the report goes.')
 flags.DEFINE_bool('report_only', False, 'Only aggregate finished runs.')
 flags.DEFINE_bool('list', False, 'Print every run of --study (or of all studies) and exit.')
+flags.DEFINE_bool('status', False, 'Print where each run of --study (or of all studies) stands '
+                  '(finished, at its latest checkpoint, not started) and exit; trains nothing.')
 flags.DEFINE_enum('scale', 'cpu', sorted(repro_studies.SCALES), 'Sizes and steps (tiny: tests).')
 flags.DEFINE_list('only', [], 'Train only the groups whose name contains one of these '
                   "strings, e.g. --only='~1M', or is one ending in $, e.g. --only='~4M N=2 C=376$' "
@@ -59,12 +62,31 @@ def main(argv):
       for run in repro_registry.STUDIES[name].runs(scale, FLAGS.seeds):
         print(' '.join(run.command(FLAGS.root, tuple(FLAGS.extra))))
     return
+  if FLAGS.status:
+    for name in names:
+      print_status(name, scale)
+    return
   if not FLAGS.study:
-    refuse('--study is required (or --list)')
+    refuse('--study is required (or --list, --status)')
   report = repro_registry.run_study(FLAGS.study, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
                                     tuple(FLAGS.extra), train=not FLAGS.report_only,
                                     only=tuple(FLAGS.only), jobs=FLAGS.jobs)
   print(report)
+
+
+def print_status(name: str, scale) -> None:
+  """A line per run of `name` that --seeds and --only pick, then the command that trains the rest
+  (it resumes runs from their checkpoints)."""
+  states = repro_registry.run_states(name, scale, FLAGS.seeds, FLAGS.root, FLAGS.docs,
+                                     tuple(FLAGS.extra), tuple(FLAGS.only))
+  done = sum(state.startswith('finished') for _, state in states)
+  print(f'{name}: {done}/{len(states)} runs finished')
+  for run, state in states:
+    print(f'  {state:<30} {run.group} (seed {run.seed})')
+  if done < len(states):
+    only = f" --only='{','.join(FLAGS.only)}'" if FLAGS.only else ''
+    print(f'  the rest: python -m ctr_jax.projects.reproduce --study={name} '
+          f'--seeds={FLAGS.seeds}{only}')
 
 
 def refuse(message: str):

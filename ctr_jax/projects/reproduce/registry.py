@@ -117,6 +117,31 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
   return '\n'.join(body)
 
 
+def run_states(name: str, scale: Scale, seeds: int, root: str, docs: str, extra: tuple = (),
+               only: tuple = ()) -> list[tuple[repro_lib.Run, str]]:
+  """Where each run of the study (`seeds` seeds, the groups `only` picks) stands, as run_study
+  would see it: 'finished', 'finished (kept from the json)' (a committed record of the same
+  run, repro_lib.committed_record), 'at step S of N' (its latest checkpoint; the next launch
+  resumes there), 'started' (a workdir, no checkpoint yet) or 'not started'."""
+  committed = repro_lib.committed_records(name, docs)
+  states = []
+  for run in STUDIES[name].runs(scale, seeds):
+    if not selected(run.group, only):
+      continue
+    workdir = run.workdir(root)
+    if repro_lib.finished(run, root):
+      state = 'finished'
+    elif repro_lib.committed_record(run, root, extra, committed) is not None:
+      state = 'finished (kept from the json)'
+    elif (step := repro_lib.latest_checkpoint(workdir)) is not None:
+      total = (repro_lib.load_config(workdir) or {}).get('total_steps', '?')
+      state = f'at step {step} of {total}'
+    else:
+      state = 'started' if os.path.isdir(workdir) else 'not started'
+    states.append((run, state))
+  return states
+
+
 def selected(group: str, only: tuple) -> bool:
   """Whether `--only` picks `group`: every group when empty, else a group containing one of the
   strings, or named exactly by one ending in '$' ('~4M D=1 C=408$' leaves out '... m=2')."""
