@@ -416,3 +416,34 @@ def test_status_says_where_each_run_stands_and_trains_nothing(tmp_path):
   assert len(only) == 4 and only[-1].endswith("--seeds=2 --only='K=5 fixed'")
   assert sorted(os.listdir(root / 'k_min')) == sorted([done.name, partial.name])
   assert os.listdir(docs / 'reproduction') == ['k_min.json']
+
+
+@pytest.mark.slow
+def test_the_evaluating_studies_train_evaluate_and_report(data_dir, tmp_path, monkeypatch):
+  """seq_vs_parallel, k_eval and conversion end to end at the tiny scale: on trained weights the
+  unroll at K = T + 1 is the exact scan, K >= T + 1 at evaluation gives the scan's PPL, and a
+  converted transformer (zero-initialised correction) has its source's PPL at step 0."""
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=1')
+  root, docs = str(tmp_path / 'runs'), str(tmp_path / 'docs')
+  extra = (f'--config.data.data_dir={data_dir}',)
+  scale = repro_studies.SCALES['tiny']
+  read = lambda name: json.loads((tmp_path / 'docs' / 'reproduction' / f'{name}.json').read_text())
+  report = repro_registry.run_study('seq_vs_parallel', scale, 1, root, docs, extra)
+  assert '2/2 runs finished' in report
+  for r in read('seq_vs_parallel')['runs']:
+    assert r['post']['k_t_plus_1']['max_abs_logit_diff'] < 1e-4
+    assert r['post']['k_t_plus_1']['k_unroll'] == scale.seq_len + 1
+  report = repro_registry.run_study('k_eval', scale, 1, root, docs, extra)
+  [record] = read('k_eval')['runs']  # the k_min study's K = 5 run, trained above, not again
+  assert len(repro_lib.invocations(os.path.join(root, 'k_min', record['name']))) == 1
+  post = record['post']
+  assert post['K=20'] == pytest.approx(post['sequential'], rel=1e-5)
+  assert os.path.exists(tmp_path / 'docs' / 'reproduction' / 'k_eval.png')
+  report = repro_registry.run_study('conversion', scale, 1, root, docs, extra)
+  assert '4/4 runs finished' in report and 'claim 15' in report
+  source = next(r for r in read('conversion')['runs'] if r['group'].startswith('transformer 2'))
+  p = source['post']
+  assert p['converted_ppl_parallel'] == pytest.approx(p['source_ppl'], rel=1e-5)
+  assert p['converted_ppl_sequential'] == pytest.approx(p['source_ppl'], rel=1e-5)
+  continued = next(r for r in read('conversion')['runs'] if 'continued' in r['group'])
+  assert '--config.init_from=' in continued['command']

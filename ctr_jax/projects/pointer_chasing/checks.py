@@ -27,6 +27,7 @@ from absl import app, flags
 
 from ctr_jax.projects import paths
 from ctr_jax.projects.reproduce import lib as repro_lib
+from ctr_jax.projects.reproduce import trained as repro_trained
 from ctr_jax.reporting import doc_sections, machine
 from ctr_jax.tasks import pointer_chasing as task
 
@@ -134,18 +135,18 @@ def record(check: Check, root: str) -> dict | None:
   summary = repro_lib.summary_of(path)
   if not summary or 'level_accuracy' not in summary:
     return None
-  config = repro_lib.load_config(path)
+  config = repro_trained.load_config(path)
   encoding = config['data']['encoding']
 
   def profile():
-    model, params, _ = repro_lib.load_trained(path)
+    model, params, _ = repro_trained.load_trained(path)
     mode = 'sequential' if config['model']['kind'] == 'context_ready' else 'parallel'
     result = task.evaluate(task.model_predictor(model, params, mode=mode), HOPS,
                            num_examples=summary.get('eval_examples', 1024), encoding=encoding)
     return task.plateau_profile(result['position_accuracy'], HOPS, encoding)
 
   # The final model's profile, evaluated once per trained step count (a resume re-evaluates).
-  profile_text = repro_lib.cached(os.path.join(path, f"plateau_profile_{summary['step']}.json"),
+  profile_text = repro_trained.cached(os.path.join(path, f"plateau_profile_{summary['step']}.json"),
                                   profile)
   evals = [r for r in repro_lib.metrics_rows(path)
            if any(k.startswith('level_accuracy/') for k in r)]

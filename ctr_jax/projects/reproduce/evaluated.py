@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 from ctr_jax import models
 from ctr_jax.models import convert
 from ctr_jax.projects.reproduce import lib as repro_lib
+from ctr_jax.projects.reproduce import trained as repro_trained
 from ctr_jax.projects.reproduce.lib import Run, ci_text, compare, fmt, mean_std
 from ctr_jax.projects.reproduce.studies import (
   SCALES,
@@ -39,12 +40,12 @@ def seq_vs_parallel_runs(scale, seeds):
 
 
 def seq_vs_parallel_eval(record, run, root, scale):
-  model, params, config = repro_lib.load_trained(run.workdir(root))
-  batches = repro_lib.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
+  model, params, config = repro_trained.load_trained(run.workdir(root))
+  batches = repro_trained.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
   k = model.spec.k_unroll
-  out = {'trained_k': repro_lib.parallel_vs_sequential(model, params, batches, k)}
+  out = {'trained_k': repro_trained.parallel_vs_sequential(model, params, batches, k)}
   # K >= T + 1 is exact by causality: the same comparison must then agree to rounding.
-  out['k_t_plus_1'] = repro_lib.parallel_vs_sequential(model, params, batches,
+  out['k_t_plus_1'] = repro_trained.parallel_vs_sequential(model, params, batches,
                                                        config['data']['seq_len'] + 1)
   del record
   return out
@@ -79,8 +80,8 @@ def k_eval_runs(scale, seeds):
 
 
 def k_eval_eval(record, run, root, scale):
-  model, params, config = repro_lib.load_trained(run.workdir(root))
-  batches = repro_lib.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
+  model, params, config = repro_trained.load_trained(run.workdir(root))
+  batches = repro_trained.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
   out = {f'K={k}': language_modelling.evaluate_lm(model, params, batches, k_unroll=k)['ppl']
          for k in K_EVAL}
   out['sequential'] = language_modelling.evaluate_lm(model, params, batches, sequential=True)['ppl']
@@ -160,9 +161,9 @@ def conversion_eval(record, run, root, scale):
   """Step 0 of the conversion: the converted model's PPL against its source transformer's."""
   if not run.group.startswith('transformer ') or 'continued' in run.group:
     return {}
-  model, params, config = repro_lib.load_trained(run.workdir(root))
-  batches = repro_lib.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
-  fields = {**repro_lib._model_fields(config['model']), 'kind': 'context_ready'}  # pylint: disable=protected-access
+  model, params, config = repro_trained.load_trained(run.workdir(root))
+  batches = repro_trained.validation_batches(config, EVAL_BATCHES[_scale_name(scale)])
+  fields = {**repro_lib.model_fields(config['model']), 'kind': 'context_ready'}
   crt_cfg = models.model_config(**fields)
   crt = models.build(crt_cfg)
   converted = convert.transformer_to_context_ready({'params': params}, crt_cfg)['params']

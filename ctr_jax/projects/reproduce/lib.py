@@ -5,9 +5,8 @@ A run is one `python -m ctr_jax.main --config=configs/repro.py:...` in its own w
 it again resumes it (the trainer restores the latest checkpoint) or, once its summary.json
 reports the last step, skips it. Every launch appends a line to the workdir's
 `invocations.jsonl` (the exact command, the step it resumed from, exit code, seconds, the
-machine; written
-when the launch starts, so a killed driver leaves it too, with a null exit code), so a
-results file lists every command that made a run, resumes included. Workdirs do not outlive a
+machine; written when the launch starts, so a killed driver leaves it too, with a null exit
+code), so a results file lists every command that made a run, resumes included. Workdirs do not outlive a
 session, the committed docs/reproduction/NAME.json does: a run without a finished workdir whose
 record there is the same run (`committed_record`) counts as finished and keeps that record.
 """
@@ -23,17 +22,13 @@ import subprocess
 import sys
 import time
 
-import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
 from ctr_jax import models
 from ctr_jax.data import pipeline
-from ctr_jax.inference import decode
 from ctr_jax.projects import paths
 from ctr_jax.reporting import cpu_name, doc_sections
-from ctr_jax.tasks import losses
-from ctr_jax.training import checkpointing
 from ctr_jax.training import workdir as workdir_lib
 
 ROOT = paths.REPO_ROOT
@@ -80,7 +75,7 @@ def _inside(path: str, root: str) -> bool:
   return os.path.commonpath([path, root]) == root
 
 
-def _read_json(path: str):
+def read_json(path: str):
   if not os.path.exists(path):
     return None
   with open(path) as f:
@@ -89,12 +84,12 @@ def _read_json(path: str):
 
 def summary_of(workdir: str) -> dict | None:
   """The workdir's summary.json (written when a run ends), or None."""
-  return _read_json(os.path.join(workdir, 'summary.json'))
+  return read_json(os.path.join(workdir, 'summary.json'))
 
 
 def finished(run: Run, root: str) -> bool:
-  summary = _read_json(os.path.join(run.workdir(root), 'summary.json'))
-  config = _read_json(os.path.join(run.workdir(root), 'config.json'))
+  summary = read_json(os.path.join(run.workdir(root), 'summary.json'))
+  config = read_json(os.path.join(run.workdir(root), 'config.json'))
   return bool(summary and config and summary.get('step') == config.get('total_steps'))
 
 
@@ -208,12 +203,12 @@ def collect(run: Run, root: str) -> dict | None:
   if not finished(run, root):
     return None
   workdir = run.workdir(root)
-  config, summary = (_read_json(os.path.join(workdir, n)) for n in ('config.json',
+  config, summary = (read_json(os.path.join(workdir, n)) for n in ('config.json',
                                                                       'summary.json'))
   launches = invocations(workdir)
   evals = [{k: r[k] for k in ('step',) + EVAL_KEYS if k in r}
            for r in metrics_rows(workdir) if 'val_loss' in r]
-  model_cfg = models.model_config(**_model_fields(config['model']))
+  model_cfg = models.model_config(**model_fields(config['model']))
   return {'study': run.study, 'group': run.group, 'seed': run.seed, 'name': run.name,
           # Every launch's command; they are identical, a resume is the same command again.
           'command': launches[-1]['command'] if launches else ' '.join(run.command(root)),
@@ -252,7 +247,7 @@ def committed_records(study: str, docs: str) -> dict[str, dict]:
   A record whose ledger lines do not name their machine (written before they did) gets the
   json's `machine` field, the machine its report ran on, as `machine`: a rewritten json names
   the machine of the session that rewrites it."""
-  data = _read_json(os.path.join(docs, 'reproduction', f'{study}.json')) or {}
+  data = read_json(os.path.join(docs, 'reproduction', f'{study}.json')) or {}
   records = {r['name']: r for r in data.get('runs', []) if 'name' in r}
   for r in records.values():
     if data.get('machine') and not run_machine(r):
@@ -285,7 +280,8 @@ def committed_record(run: Run, root: str, extra: tuple, committed: dict) -> dict
   return {**record, **dict(run.info)}
 
 
-def _model_fields(saved: dict) -> dict:
+def model_fields(saved: dict) -> dict:
+  """The model-config fields of a run's saved config['model'] (the rest are derived values)."""
   known = set(models.default_model_config().keys())
   return {k: v for k, v in saved.items() if k in known}
 
@@ -390,66 +386,3 @@ def replace_section(study: str, body: str, docs: str, title: str = '# Reproducti
   """Writes `body` between the study's markers in docs/reproduction.md, keeping the rest."""
   return doc_sections.replace_between(os.path.join(docs, 'reproduction.md'), BEGIN.format(study),
                                       END.format(study), body, new_file=title)
-
-
-# ------------------------------------------------------------------------------------------------
-# Trained models, for the studies that evaluate after training (K sweeps, exactness, conversion).
-# ------------------------------------------------------------------------------------------------
-
-
-def load_config(workdir: str) -> dict:
-  """The run's config.json as a dict."""
-  return _read_json(os.path.join(workdir, 'config.json'))
-
-
-def load_trained(workdir: str):
-  """(model, params, config dict) of the latest checkpoint in `workdir`."""
-  model_cfg, params = checkpointing.load_params(workdir)
-  return models.build(model_cfg), params, load_config(workdir)
-
-
-def validation_batches(config: dict, num_batches: int):
-  """The run's validation batches (np int32 [B, T+1]), as its trainer evaluated them."""
-  data = config['data']
-  dataset = pipeline.load(data['name'], data_dir=data['data_dir'],
-                          manual_dir=data['manual_dir'] or None,
-                          vocab_size=config['model']['vocab_size'])
-  return list(pipeline.eval_batches(dataset, seq_len=data['seq_len'],
-                                    global_batch_size=config['batch_size'],
-                                    num_batches=num_batches, process_index=0, process_count=1))
-
-
-def parallel_vs_sequential(model, params, batches, k_unroll: int) -> dict:
-  """PPL of the parallel K-unroll and of the exact scan on the same tokens, the largest logit
-  difference and the fraction of positions whose argmax agrees."""
-  sums = {'parallel': 0.0, 'sequential': 0.0}
-  count, agree, max_diff = 0, 0, 0.0
-  for batch in batches:
-    batch = jnp.asarray(batch)
-    inputs, targets = batch[:, :-1], batch[:, 1:]
-    par = model.apply({'params': params}, inputs, k_unroll=k_unroll)
-    seq = decode.sequential_logits(model, {'params': params}, inputs)
-    for name, logits in (('parallel', par), ('sequential', seq)):
-      mean, n = losses.next_token_loss(logits, targets)
-      sums[name] += float(mean) * int(n)
-    count += int(targets.size)
-    agree += int(jnp.sum(jnp.argmax(par, -1) == jnp.argmax(seq, -1)))
-    max_diff = max(max_diff, float(jnp.max(jnp.abs(par - seq))))
-  ppl = {k: math.exp(v / count) for k, v in sums.items()}
-  return {'ppl_parallel': ppl['parallel'], 'ppl_sequential': ppl['sequential'],
-          'abs_delta_ppl': abs(ppl['parallel'] - ppl['sequential']),
-          'max_abs_logit_diff': max_diff, 'argmax_agreement': agree / count,
-          'tokens': count, 'k_unroll': k_unroll}
-
-
-def cached(path: str, compute):
-  """compute()'s result, stored as JSON at `path` the first time (a finished run's evaluation
-  does not change, and regenerating a report should not retrain or re-evaluate)."""
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  value = compute()
-  with open(f'{path}.tmp', 'w') as f:
-    json.dump(value, f, indent=1)
-  os.replace(f'{path}.tmp', path)
-  return value

@@ -10,6 +10,7 @@ from ctr_jax.projects.reproduce import jobs as repro_jobs
 from ctr_jax.projects.reproduce import lib as repro_lib
 from ctr_jax.projects.reproduce import studies as repro_studies
 from ctr_jax.projects.reproduce import table1 as repro_table1
+from ctr_jax.projects.reproduce import trained as repro_trained
 from ctr_jax.projects.reproduce.studies import SCALES, Scale
 from ctr_jax.reporting import machine
 
@@ -89,7 +90,7 @@ def run_study(name: str, scale: Scale, seeds: int, root: str, docs: str, extra=(
         records.append(kept[run.name])
       continue
     if study.evaluate is not None:
-      record['post'] = repro_lib.cached(os.path.join(run.workdir(root), f'post_{name}.json'),
+      record['post'] = repro_trained.cached(os.path.join(run.workdir(root), f'post_{name}.json'),
                                         lambda: study.evaluate(record, run, root, scale))
     records.append(record)
   figure = os.path.join(docs, 'reproduction', f'{name}.png') if study.figure and records else ''
@@ -134,7 +135,7 @@ def run_states(name: str, scale: Scale, seeds: int, root: str, docs: str, extra:
     elif repro_lib.committed_record(run, root, extra, committed) is not None:
       state = 'finished (kept from the json)'
     elif (step := repro_lib.latest_checkpoint(workdir)) is not None:
-      total = (repro_lib.load_config(workdir) or {}).get('total_steps', '?')
+      total = (repro_trained.load_config(workdir) or {}).get('total_steps', '?')
       state = f'at step {step} of {total}'
     else:
       state = 'started' if os.path.isdir(workdir) else 'not started'
