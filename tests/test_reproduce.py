@@ -139,6 +139,19 @@ def test_table1_longer_training_rows_and_the_three_sentences():
   assert 'vs ~1M N=2 C=288 train-matched: ΔPPL -1.93 [' in second
   assert "one level only: ~1M -4.67 PPL (-13.1% of the baseline's);" in third
   assert third.endswith('not run yet.')
+  # 3x the steps: per seed the gap goes from (-4.7, -4.7, -4.6) to (-1.5, -1.7, -1.4).
+  long = (runs('~1M D=1 C=176 3600 steps', [22.0, 21.9, 22.0])
+          + runs('~1M N=2 C=160 3600 steps', [23.5, 23.6, 23.4]))
+  third = repro_table1.three_sentences(repro_table1.gap_summary(records + long, scale))[2]
+  assert ("after 3x the steps it is ~1M: ~1M D=1 C=176 3600 steps vs ~1M N=2 C=160 3600 steps: "
+          "ΔPPL -1.53 [") in third
+  assert "(-6.5% of the baseline's), against -4.67 (-13.1%) before: a change of +3.13 [" in third
+  assert third.endswith('it narrows.')
+  # The same pair widening: the CRT's lead grows to (-6.7, -6.9, -6.4).
+  wide = (runs('~1M D=1 C=176 3600 steps', [16.8, 16.7, 17.0])
+          + runs('~1M N=2 C=160 3600 steps', [23.5, 23.6, 23.4]))
+  third = repro_table1.three_sentences(repro_table1.gap_summary(records + wide, scale))[2]
+  assert 'a change of -2.00 [-2.50, -1.50]' in third and third.endswith('it widens.')
 
 
 def test_the_committed_table1_records_still_match_their_runs():

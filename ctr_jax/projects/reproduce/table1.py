@@ -322,13 +322,45 @@ def gap_summary(records, scale) -> dict:
       if baseline in groups:
         found[matching] = {'baseline': baseline, 'crt': crt['group'],
                            **compare(groups[crt['group']], groups[baseline], repro_lib.final_ppl)}
-    longer = [m['group'] for m in mine if m['matching'] == 'longer training']
-    if len(longer) == 2 and all(g in groups for g in longer):
-      found['longer training'] = {'baseline': longer[1], 'crt': longer[0],
-                                  **compare(groups[longer[0]], groups[longer[1]],
-                                            repro_lib.final_ppl)}
+    longer = [m for m in mine if m['matching'] == 'longer training']
+    if len(longer) == 2 and all(m['group'] in groups for m in longer):
+      crt_long, base_long = (groups[m['group']] for m in longer)
+      found['longer training'] = {'baseline': longer[1]['group'], 'crt': longer[0]['group'],
+                                  **compare(crt_long, base_long, repro_lib.final_ppl)}
+      if all(m['shorter'] in groups for m in longer):
+        # The same pair's gap after TABLE1_LONGER x the steps against after the scale's
+        # steps, paired by seed: a difference of paired differences.
+        crt_short, base_short = (groups[m['shorter']] for m in longer)
+        found['longer training']['change'] = compare(
+            _paired_gaps(crt_long, base_long), _paired_gaps(crt_short, base_short),
+            lambda r: r['gap'])
+        found['longer training']['shorter'] = compare(crt_short, base_short,
+                                                      repro_lib.final_ppl)
     out[level] = {'flops_per_token': crt['target_flops_per_token'], **found}
   return out
+
+
+def _paired_gaps(a: list[dict], b: list[dict]) -> list[dict]:
+  """Per seed run by both: a's final PPL minus b's, as {'seed', 'gap'}."""
+  vb = {r['seed']: repro_lib.final_ppl(r) for r in b}
+  return [{'seed': r['seed'], 'gap': repro_lib.final_ppl(r) - vb[r['seed']]}
+          for r in a if r['seed'] in vb]
+
+
+def _longer_words(level: str, g: dict) -> str:
+  """The pair's gap after more steps, and how it moved from the scale's steps (paired by seed)."""
+  words = (f"{level}: {_gap_words(g)} ({g['delta_mean'] / g['reference']:+.1%} of the "
+           f"baseline's)")
+  if 'change' not in g:
+    return words
+  short, change = g['shorter'], g['change']
+  if change['verdict'] == 'inconclusive':
+    how = 'no measurable change'
+  else:  # 'holds': the gap went down; toward zero when it was positive
+    toward_zero = (change['verdict'] == 'holds') == (short['delta_mean'] > 0)
+    how = 'it narrows' if toward_zero else 'it widens'
+  return (f"{words}, against {short['delta_mean']:+.2f} ({short['delta_mean'] / short['reference']:+.1%}) "
+          f"before: a change of {ci_text(change)}, {how}")
 
 
 def _gap_words(c: dict) -> str:
@@ -355,7 +387,8 @@ def three_sentences(gaps: dict) -> list[str]:
   moves = [f"{level} {g['inference']['delta_mean']:+.2f} PPL "
            f"({g['inference']['delta_mean'] / g['inference']['reference']:+.1%} of the baseline's)"
            for level, g in gaps.items() if 'inference' in g]
-  longer = at('longer training')
+  longer = [_longer_words(level, g['longer training']) for level, g in gaps.items()
+            if 'longer training' in g]
   third = ('Across cost levels the inference-matched gap is ' + (
       ', '.join(moves) if len(moves) > 1 else f'measured at one level only: {moves[0]}'
       if moves else 'not measured yet') + f'; after {TABLE1_LONGER}x the steps it is '
