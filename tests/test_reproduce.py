@@ -135,9 +135,11 @@ def test_table1_longer_training_rows_and_the_three_sentences():
   assert set(gaps) == {'~1M'} and gaps['~1M']['inference']['baseline'] == '~1M N=2 C=160'
   assert gaps['~1M']['inference']['delta_mean'] == pytest.approx(-4.6667, abs=1e-4)
   first, second, third = repro_table1.three_sentences(gaps)
-  assert 'vs ~1M N=2 C=160: ΔPPL -4.67 [' in first and first.endswith('lower).')
+  # Two of the level's five inference-matched transformers have runs: the text says so.
+  assert ('vs ~1M N=2 C=160 (the best of the 2 of 5 transformers run so far): ΔPPL -4.67 ['
+          in first and first.endswith('lower).'))
   assert 'vs ~1M N=2 C=288 train-matched: ΔPPL -1.93 [' in second
-  assert "one level only: ~1M -4.67 PPL (-13.1% of the baseline's);" in third
+  assert "one level only: ~1M -4.67 PPL (-13.1% of the baseline's, 2 of 5 transformers run);" in third
   assert third.endswith('not run yet.')
   # 3x the steps: per seed the gap goes from (-4.7, -4.7, -4.6) to (-1.5, -1.7, -1.4).
   long = (runs('~1M D=1 C=176 3600 steps', [22.0, 21.9, 22.0])

@@ -244,6 +244,10 @@ def table1_report(records, scale, figure):
     if crts and transformers:
       best_t = min(transformers, key=lambda g: np.mean([repro_lib.final_ppl(r)
                                                         for r in groups[g]]))
+      planned = sum(1 for m in models if m['matching'] == 'inference'
+                    and m['kind'] == 'transformer')
+      best = ('the best transformer' if len(transformers) == planned else
+              _so_far(len(transformers), planned) + ',')
       for g in sorted(crts):
         c = compare(groups[g], groups[best_t], repro_lib.final_ppl)
         delta = ci_text(c)
@@ -252,7 +256,7 @@ def table1_report(records, scale, figure):
         cross = ('never below it' if step is None else
                  f'below it from the first evaluation (step {first}) on' if step == first else
                  f'crossover at step {step}')
-        verdicts.append(f"{g} vs the best transformer {best_t}: ΔPPL {delta}: "
+        verdicts.append(f"{g} vs {best} {best_t}: ΔPPL {delta}: "
                         f"**{c['verdict']}**; validation curve {cross}")
     crt1 = next(m['group'] for m in models if m['kind'] == 'context_ready' and m['depth'] == 1
                 and m['matching'] == 'inference')
@@ -313,6 +317,7 @@ def gap_summary(records, scale) -> dict:
     if ts:
       baselines['inference'] = min(ts, key=lambda g: np.mean([repro_lib.final_ppl(r)
                                                              for r in groups[g]]))
+    planned = sum(1 for m in mine if m['kind'] == 'transformer' and m['matching'] == 'inference')
     for m in mine:
       if m['kind'] == 'transformer' and m['matching'] in ('training FLOPs/token',
                                                           'total training FLOPs'):
@@ -322,6 +327,8 @@ def gap_summary(records, scale) -> dict:
       if baseline in groups:
         found[matching] = {'baseline': baseline, 'crt': crt['group'],
                            **compare(groups[crt['group']], groups[baseline], repro_lib.final_ppl)}
+    if 'inference' in found and len(ts) < planned:
+      found['inference']['run_so_far'] = (len(ts), planned)
     longer = [m for m in mine if m['matching'] == 'longer training']
     if len(longer) == 2 and all(m['group'] in groups for m in longer):
       crt_long, base_long = (groups[m['group']] for m in longer)
@@ -363,8 +370,15 @@ def _longer_words(level: str, g: dict) -> str:
           f"before: a change of {ci_text(change)}, {how}")
 
 
+def _so_far(run: int, planned: int) -> str:
+  """The baseline of a level whose inference-matched transformers have not all run yet."""
+  return (f'the only one of the {planned} transformers run so far' if run == 1 else
+          f'the best of the {run} of {planned} transformers run so far')
+
+
 def _gap_words(c: dict) -> str:
-  return (f"{c['crt']} vs {c['baseline']}: ΔPPL {ci_text(c)}, "
+  partial = f" ({_so_far(*c['run_so_far'])})" if 'run_so_far' in c else ''
+  return (f"{c['crt']} vs {c['baseline']}{partial}: ΔPPL {ci_text(c)}, "
           f"{'lower' if c['verdict'] == 'holds' else 'higher' if c['verdict'] == 'does not hold' else 'inconclusive'}")
 
 
@@ -385,7 +399,9 @@ def three_sentences(gaps: dict) -> list[str]:
             'matched) (' + ('; '.join(training) if training else 'not run yet') + ').')
   # PPL differs between levels, so the gap also as a fraction of the baseline's PPL.
   moves = [f"{level} {g['inference']['delta_mean']:+.2f} PPL "
-           f"({g['inference']['delta_mean'] / g['inference']['reference']:+.1%} of the baseline's)"
+           f"({g['inference']['delta_mean'] / g['inference']['reference']:+.1%} of the baseline's"
+           + (", {} of {} transformers run".format(*g['inference']['run_so_far'])
+              if 'run_so_far' in g['inference'] else '') + ')'
            for level, g in gaps.items() if 'inference' in g]
   longer = [_longer_words(level, g['longer training']) for level, g in gaps.items()
             if 'longer training' in g]
